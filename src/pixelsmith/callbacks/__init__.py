@@ -1,0 +1,1 @@
+"""Lightning callbacks: atomic iteration-based checkpoints, sample grids, throughput."""

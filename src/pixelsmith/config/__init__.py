@@ -1,0 +1,1 @@
+"""Typed (structured) config schemas registered with Hydra's ConfigStore."""

@@ -1,0 +1,1 @@
+"""Shared training core: the machinery every Pixelsmith model (GAN, style transfer, a fork's own) runs on."""

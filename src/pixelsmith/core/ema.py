@@ -1,0 +1,50 @@
+"""Exponential moving average of a network's weights, with StyleGAN2-ADA's half-life-in-images parameterisation.
+
+beta = 0.5 ** (images_per_iteration / ema_nimg), where ema_nimg = half_life_kimg * 1000, limited during ramp-up to
+rampup * images_seen: early on the average follows the fast-changing weights closely, later it smooths over
+half_life_kimg thousand images whatever the batch size.
+"""
+
+from __future__ import annotations
+
+import copy
+
+import torch
+from torch import nn
+
+
+class EMA(nn.Module):
+    """Holds a frozen copy of `source` in `self.model`; part of the owner's state_dict, so it resumes exactly."""
+
+    def __init__(self, source: nn.Module, half_life_kimg: float = 10.0, rampup: float | None = 0.05):
+        super().__init__()
+        if half_life_kimg <= 0:
+            raise ValueError(f"ema.half_life_kimg={half_life_kimg} must be positive.")
+        self.half_life_kimg = half_life_kimg
+        self.rampup = rampup
+        self.model = copy.deepcopy(source).eval().requires_grad_(False)
+
+    def beta(self, images_per_iteration: int, images_seen: int) -> float:
+        ema_nimg = self.half_life_kimg * 1000.0
+        if self.rampup is not None:
+            ema_nimg = min(ema_nimg, images_seen * self.rampup)
+        return 0.5 ** (images_per_iteration / max(ema_nimg, 1e-8))
+
+    @torch.no_grad()
+    def update(self, source: nn.Module, images_per_iteration: int, images_seen: int) -> float:
+        beta = self.beta(images_per_iteration, images_seen)
+        ema_params = list(self.model.parameters())
+        src_params = [p.detach() for p in source.parameters()]
+        torch._foreach_lerp_(ema_params, src_params, 1.0 - beta)
+        # Buffers (BatchNorm statistics, StyleGAN's w_avg) are copied, as in StyleGAN2-ADA.
+        for ema_buf, src_buf in zip(self.model.buffers(), source.buffers(), strict=True):
+            ema_buf.copy_(src_buf)
+        return beta
+
+    def forward(self, *args, **kwargs):
+        return self.model(*args, **kwargs)
+
+    def train(self, mode: bool = True):
+        # The average is only ever evaluated; keep BatchNorm in eval mode even when the owner goes to train().
+        super().train(False)
+        return self

@@ -1,0 +1,393 @@
+"""TrainingCore: the LightningModule base every Pixelsmith model inherits (GAN, style transfer, a fork's own).
+
+It owns what is easy to get subtly wrong with manual optimization, once:
+- an iteration counter (`self.iteration`), saved in checkpoints, that drives schedules, EMA, `max_steps`, sampling
+  and checkpoint cadence (Lightning's `global_step` counts every optimizer step, #17958);
+- mixed precision with its own GradScaler (see `core/precision.py`), clipping on unscaled gradients (#18089);
+- gradient accumulation: the loader yields `accumulate` micro-batches' worth per iteration, split here;
+- gradient all-reduce per optimizer (no DDP wrapper, see `core/strategy.py`), a non-finite guard that skips, counts
+  and finally stops, warmup+cosine schedules, channels_last and `torch.compile` of the networks (not of the module);
+- per-iteration seeding from (seed, rank, iteration), so resuming from a checkpoint continues bit-for-bit;
+- named phases (`with self.phase("G_fwd"):`) that a profiler callback can time; a no-op by default.
+
+A subclass implements `optimizer_definitions()` (name -> parameters and settings), `networks()` (what to put in
+channels_last and compile) and `training_step`, in which it calls `self.loss_backward(loss, name)` for each micro-batch,
+`self.step(name)` once, and `self.end_iteration(images)` at the end.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Iterable, Iterator
+from contextlib import nullcontext
+from dataclasses import dataclass, field
+from typing import Any
+
+import lightning as L
+import torch
+from torch import nn
+
+from pixelsmith.config.schema import EMAConfig, OptimizerConfig, ScheduleConfig
+from pixelsmith.core.ema import EMA
+from pixelsmith.core.precision import MixedPrecision
+from pixelsmith.core.schedules import build_scheduler
+from pixelsmith.errors import PixelsmithError
+
+log = logging.getLogger(__name__)
+
+
+class NonFiniteError(PixelsmithError, RuntimeError):
+    """Raised after too many consecutive non-finite steps; checkpoints written before it are kept intact."""
+
+
+@dataclass
+class CoreSettings:
+    """Everything the core needs that is not model-specific; built by `pixelsmith.train` from the run config."""
+
+    precision: str = "32-true"
+    accumulate: int = 1
+    max_steps: int = 1000
+    clip_grad_norm: float | None = None
+    nonfinite_max_consecutive: int = 20
+    schedule: ScheduleConfig = field(default_factory=ScheduleConfig)
+    channels_last: bool = False
+    compile: bool = False
+    compile_mode: str = "default"
+    seed: int = 42
+    log_every_n_steps: int = 10
+    run_config: dict[str, Any] | None = None  # the resolved run config, stored in every checkpoint
+
+
+@dataclass
+class OptimizerDefinition:
+    name: str
+    params: list[nn.Parameter]
+    config: OptimizerConfig
+    lr_scale: float = 1.0  # e.g. lazy regularisation's interval / (interval + 1)
+    betas_power: float = 1.0  # lazy regularisation raises Adam betas to this power
+
+
+def _mix_seed(seed: int, rank: int, iteration: int) -> int:
+    # A fixed affine mix keeps seeds distinct per (rank, iteration) and reproducible across runs and resumes.
+    return (seed * 1_000_003 + rank * 7_919 + iteration * 104_729) % (2**63 - 1)
+
+
+class TrainingCore(L.LightningModule):
+    def __init__(self, core: CoreSettings):
+        super().__init__()
+        self.automatic_optimization = False
+        if core.accumulate < 1:
+            raise ValueError(f"accumulate={core.accumulate} must be at least 1.")
+        self.core = core
+        self.iteration = 0
+        self.nonfinite_skipped = 0
+        self.amp_overflow_skipped = 0
+        self._nonfinite_streak = 0
+        self._optimizer_index: dict[str, int] = {}
+        self._float_buffers: dict[str, list[torch.Tensor]] = {}
+        self._loss_nonfinite: dict[str, torch.Tensor] = {}
+        self._precision: MixedPrecision | None = None
+        self._pending_precision_state: dict | None = None
+        self._phase_timer = None
+        self._ema_pairs: list[tuple[str, EMA, nn.Module]] = []
+        self.images_seen = 0
+        self._last_iteration_end: float | None = None
+        self.grad_allreduce_calls = 0
+
+    # ---- what a subclass provides ------------------------------------------------------------------------------
+    def networks(self) -> dict[str, nn.Module]:
+        """Trainable networks to convert to channels_last and to compile."""
+        raise NotImplementedError
+
+    def optimizer_definitions(self) -> list[OptimizerDefinition]:
+        raise NotImplementedError
+
+    def add_ema(self, name: str, source: nn.Module, config: EMAConfig) -> EMA | None:
+        """Create an EMA of `source` that the core updates at the end of every iteration (after buffers are synced
+        across ranks). Assign the result to an attribute so it is part of the state_dict; None when disabled."""
+        if not config.enabled:
+            return None
+        ema = EMA(source, config.half_life_kimg, config.rampup)
+        self._ema_pairs.append((name, ema, source))
+        return ema
+
+    # ---- set-up -----------------------------------------------------------------------------------------------
+    @property
+    def mixed_precision(self) -> MixedPrecision:
+        if self._precision is None:
+            self._precision = MixedPrecision(self.core.precision, self.device.type)
+            if self._pending_precision_state is not None:
+                self._precision.load_state_dict(self._pending_precision_state)
+        return self._precision
+
+    def configure_model(self) -> None:
+        for name, net in self.networks().items():
+            if self.core.channels_last:
+                net.to(memory_format=torch.channels_last)
+            if self.core.compile:
+                # nn.Module.compile compiles in place: state_dict keys keep their names (no `_orig_mod.`).
+                log.info("Compiling %s (mode=%s)", name, self.core.compile_mode)
+                net.compile(mode=self.core.compile_mode)
+
+    def configure_optimizers(self):
+        optimizers, schedulers = [], []
+        schedule = self.core.schedule
+        total = schedule.total_steps or self.core.max_steps
+        for index, spec in enumerate(self.optimizer_definitions()):
+            cfg = spec.config
+            betas = tuple(b**spec.betas_power for b in cfg.betas)
+            opt = torch.optim.Adam(
+                spec.params,
+                lr=cfg.lr * spec.lr_scale,
+                betas=betas,
+                eps=cfg.eps,
+                weight_decay=cfg.weight_decay,
+                foreach=True,
+            )
+            self._optimizer_index[spec.name] = index
+            owned = {id(p) for p in spec.params}
+            self._float_buffers[spec.name] = [
+                b
+                for net in self.networks().values()
+                if any(id(p) in owned for p in net.parameters())
+                for b in net.buffers()
+                if b.is_floating_point()
+            ]
+        # A network trained by two optimizers must not have its buffers averaged twice.
+        seen: set[int] = set()
+        for name, group in self._float_buffers.items():
+            self._float_buffers[name] = [b for b in group if not (id(b) in seen or seen.add(id(b)))]
+            optimizers.append(opt)
+            schedulers.append(
+                build_scheduler(opt, schedule.name, schedule.warmup_steps, total, schedule.min_lr_ratio)
+            )
+        return optimizers, schedulers
+
+    def _raw_optimizer(self, name: str) -> torch.optim.Optimizer:
+        # The raw optimizer, not Lightning's wrapper: the core steps it through its own scaler.
+        return self.optimizers(use_pl_optimizer=False)[self._optimizer_index[name]]
+
+    def _schedulers(self) -> list:
+        scheds = self.lr_schedulers()
+        if scheds is None:
+            return []
+        return scheds if isinstance(scheds, list) else [scheds]
+
+    # ---- helpers used inside training_step ---------------------------------------------------------------------
+    def autocast(self):
+        return self.mixed_precision.autocast()
+
+    def phase(self, name: str):
+        """Context that a profiler callback times (`self._phase_timer` set by it); free when none is attached."""
+        return self._phase_timer(name) if self._phase_timer is not None else nullcontext()
+
+    def prepare_images(self, images: torch.Tensor) -> torch.Tensor:
+        """uint8 [0, 255] from the loader -> float in [-1, 1] on the device, in the networks' memory format."""
+        images = images.to(self.device, non_blocking=True)
+        if images.dtype == torch.uint8:
+            images = images.float().mul_(1.0 / 127.5).sub_(1.0)
+        if self.core.channels_last and images.ndim == 4:
+            images = images.contiguous(memory_format=torch.channels_last)
+        return images
+
+    def micro_batches(self, tensor: torch.Tensor) -> list[torch.Tensor]:
+        n = self.core.accumulate
+        if tensor.shape[0] % n:
+            raise ValueError(
+                f"A batch of {tensor.shape[0]} does not split into accumulate={n} micro-batches."
+            )
+        return list(tensor.chunk(n))
+
+    def loss_backward(self, loss: torch.Tensor, name: str) -> None:
+        """Backward of one micro-batch's mean loss for optimizer `name`; gradients average over micro-batches."""
+        flag = (~torch.isfinite(loss.detach())).float()
+        self._loss_nonfinite[name] = self._loss_nonfinite.get(name, torch.zeros_like(flag)) + flag
+        self.manual_backward(self.mixed_precision.scale(loss / self.core.accumulate))
+
+    def _params_of(self, opt: torch.optim.Optimizer) -> Iterator[nn.Parameter]:
+        for group in opt.param_groups:
+            yield from group["params"]
+
+    def _all_reduce_gradients(self, params: list[nn.Parameter], loss_flag: torch.Tensor) -> torch.Tensor:
+        """Average gradients (and OR the non-finite loss flags) across ranks in one flat all-reduce."""
+        world = self.trainer.world_size if self._trainer is not None else 1
+        if world <= 1:
+            return loss_flag
+        grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in params]
+        flat = torch.cat([g.reshape(-1).float() for g in grads] + [loss_flag.reshape(1).float()])
+        torch.distributed.all_reduce(flat)
+        self.grad_allreduce_calls += 1
+        flat.div_(world)
+        offset = 0
+        for p, g in zip(params, grads, strict=True):
+            n = g.numel()
+            p.grad = flat[offset : offset + n].view_as(g).to(g.dtype)
+            offset += n
+        return flat[-1] * world
+
+    def _sync_buffers(self) -> None:
+        """Average floating buffers (BatchNorm statistics, StyleGAN's w_avg) of the trained networks once per
+        iteration: without a DDP wrapper nobody broadcasts them, and ranks would drift apart (EMA copies them)."""
+        if self.world_size <= 1:
+            return
+        buffers = [b for group in self._float_buffers.values() for b in group]
+        if not buffers:
+            return
+        flat = torch.cat([b.reshape(-1).float() for b in buffers])
+        torch.distributed.all_reduce(flat)
+        flat.div_(self.world_size)
+        offset = 0
+        for b in buffers:
+            b.copy_(flat[offset : offset + b.numel()].view_as(b))
+            offset += b.numel()
+
+    def step(self, name: str) -> bool:
+        """All-reduce, unscale, check, clip and apply optimizer `name`; returns False when the step was skipped."""
+        opt = self._raw_optimizer(name)
+        params = [p for p in self._params_of(opt) if p.requires_grad]
+        loss_flag = self._loss_nonfinite.pop(name, torch.zeros((), device=self.device))
+        loss_flag = self._all_reduce_gradients(params, loss_flag)
+        scaler = self.mixed_precision.scaler
+        if scaler is not None:
+            scaler.unscale_(opt)  # after the all-reduce, so every rank sees the same inf/NaN and skips alike
+        grads = [p.grad for p in params if p.grad is not None]
+        norm = torch.nn.utils.get_total_norm(grads) if grads else torch.zeros((), device=self.device)
+        bad = (loss_flag > 0) | ~torch.isfinite(norm)
+        if self.core.clip_grad_norm is not None and grads:
+            # Unscaled gradients here whatever the precision; clip_coef is 1 when bad (nan/inf norm) - skipped anyway.
+            torch.nn.utils.clip_grads_with_norm_(
+                grads, self.core.clip_grad_norm, torch.nan_to_num(norm, nan=0.0)
+            )
+        applied = True
+        if scaler is not None:
+            scale_before = scaler.get_scale()
+            if bool(loss_flag > 0):
+                applied = False  # a non-finite loss is a guard event, not an fp16 overflow
+                self._count_nonfinite(name)
+            else:
+                scaler.step(opt)
+                scaler.update()
+                applied = scaler.get_scale() >= scale_before
+                if not applied:
+                    self.amp_overflow_skipped += 1
+                else:
+                    self._nonfinite_streak = 0
+        elif bool(bad):
+            applied = False
+            self._count_nonfinite(name)
+        else:
+            opt.step()
+            self._nonfinite_streak = 0
+        opt.zero_grad(set_to_none=True)
+        self._last_grad_norm = {**getattr(self, "_last_grad_norm", {}), name: norm.detach()}
+        return applied
+
+    def _count_nonfinite(self, name: str) -> None:
+        self.nonfinite_skipped += 1
+        self._nonfinite_streak += 1
+        log.warning(
+            "Iteration %d: non-finite loss or gradients for optimizer %s; step skipped (%d so far, %d in a row).",
+            self.iteration,
+            name,
+            self.nonfinite_skipped,
+            self._nonfinite_streak,
+        )
+
+    def world_all_reduce(self, tensor: torch.Tensor) -> torch.Tensor:
+        """Sum a tensor over ranks (identity on one process); for augmentation statistics and the like."""
+        if self._trainer is not None and self.trainer.world_size > 1:
+            torch.distributed.all_reduce(tensor)
+        return tensor
+
+    @property
+    def world_size(self) -> int:
+        return self.trainer.world_size if self._trainer is not None else 1
+
+    @property
+    def images_per_iteration(self) -> int:
+        """Images per optimizer update summed over ranks and micro-batches (the effective batch)."""
+        return self._images_per_iteration
+
+    def end_iteration(
+        self, images_this_rank: int, logs: dict[str, torch.Tensor | float] | None = None
+    ) -> None:
+        """Advance the counter and schedules, log, and enforce the non-finite guard and `max_steps`."""
+        self._images_per_iteration = images_this_rank * self.world_size
+        self.images_seen += self._images_per_iteration
+        self._sync_buffers()
+        logs = dict(logs or {})
+        for name, ema, source in self._ema_pairs:
+            with self.phase("ema"):
+                logs[f"ema/{name}_beta"] = ema.update(source, self._images_per_iteration, self.images_seen)
+        self.iteration += 1
+        for sched in self._schedulers():
+            sched.step()
+        now = time.perf_counter()
+        metrics: dict[str, Any] = dict(logs or {})
+        if self._last_iteration_end is not None:
+            metrics["perf/img_per_s"] = self._images_per_iteration / max(now - self._last_iteration_end, 1e-9)
+        self._last_iteration_end = now
+        if self.iteration % self.core.log_every_n_steps == 0 or self.iteration == 1:
+            metrics["train/iteration"] = float(self.iteration)
+            metrics["train/kimg"] = self.images_seen / 1000.0
+            metrics["guard/nonfinite_skipped"] = float(self.nonfinite_skipped)
+            metrics["guard/amp_overflow_skipped"] = float(self.amp_overflow_skipped)
+            if self.mixed_precision.scaler is not None:
+                metrics["amp/scale"] = float(self.mixed_precision.scaler.get_scale())
+            for name, index in self._optimizer_index.items():
+                metrics[f"lr/{name}"] = self._raw_optimizer(name).param_groups[0]["lr"]
+                del index
+            for name, norm in getattr(self, "_last_grad_norm", {}).items():
+                metrics[f"grad_norm/{name}"] = norm
+        if "perf/img_per_s" in metrics:
+            self.log("img/s", metrics.pop("perf/img_per_s"), prog_bar=True, on_step=True, logger=True)
+        if metrics:
+            self.log_dict(metrics, on_step=True, on_epoch=False, prog_bar=False)
+        limit = self.core.nonfinite_max_consecutive
+        if limit and self._nonfinite_streak >= limit:
+            raise NonFiniteError(
+                f"Stopped at iteration {self.iteration}: {self._nonfinite_streak} consecutive optimizer steps had "
+                "non-finite losses or gradients. The last checkpoint written before this is intact. Usual fixes: a "
+                "lower learning rate, train.clip_grad_norm=1.0, precision=32-true to rule out overflow, or a look at "
+                "the data for NaNs. The limit is train.nonfinite_max_consecutive."
+            )
+        if self.iteration >= self.core.max_steps:
+            self.trainer.should_stop = True
+
+    # ---- Lightning hooks ----------------------------------------------------------------------------------------
+    def on_train_batch_start(self, batch: Any, batch_idx: int) -> None:
+        # Fresh, deterministic randomness per (seed, rank, iteration): latents, augmentation and dropout are the same
+        # whether the run went straight through or was resumed at any iteration.
+        torch.manual_seed(_mix_seed(self.core.seed, self.global_rank, self.iteration))
+
+    def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        checkpoint["pixelsmith"] = {
+            "iteration": self.iteration,
+            "images_seen": self.images_seen,
+            "nonfinite_skipped": self.nonfinite_skipped,
+            "amp_overflow_skipped": self.amp_overflow_skipped,
+            "nonfinite_streak": self._nonfinite_streak,
+            "grad_scaler": self.mixed_precision.state_dict(),
+            "precision": self.core.precision,
+        }
+        checkpoint["pixelsmith_config"] = self.core.run_config
+
+    def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        state = checkpoint.get("pixelsmith")
+        if state is None:
+            raise ValueError(
+                "This checkpoint was not written by a Pixelsmith model (no 'pixelsmith' entry); "
+                "resume with a checkpoint from a Pixelsmith run's checkpoints/ folder."
+            )
+        self.iteration = int(state["iteration"])
+        self.images_seen = int(state["images_seen"])
+        self.nonfinite_skipped = int(state["nonfinite_skipped"])
+        self.amp_overflow_skipped = int(state["amp_overflow_skipped"])
+        self._nonfinite_streak = int(state["nonfinite_streak"])
+        self._pending_precision_state = state.get("grad_scaler") or None
+        self._precision = None
+
+
+def count_parameters(modules: Iterable[nn.Module]) -> int:
+    return sum(p.numel() for m in modules for p in m.parameters())

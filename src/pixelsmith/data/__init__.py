@@ -1,0 +1,1 @@
+"""Data modules: the embedded MNIST default, image folders for users' own data, and resumable samplers."""

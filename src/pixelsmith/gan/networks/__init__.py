@@ -1,0 +1,1 @@
+"""Generator and discriminator architectures used by the GAN training module."""

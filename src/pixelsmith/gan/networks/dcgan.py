@@ -1,0 +1,87 @@
+"""DCGAN generator and discriminator (Radford et al. 2016) for square images of any power-of-two size >= 16."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+
+
+def _stages(resolution: int) -> int:
+    stages = int(math.log2(resolution)) - 2
+    if resolution < 16 or 2 ** (stages + 2) != resolution:
+        raise ValueError(f"DCGAN needs a power-of-two resolution >= 16, got {resolution}.")
+    return stages
+
+
+def _init_weights(module: nn.Module) -> None:
+    # The DCGAN paper's initialisation: N(0, 0.02) for convolutions, N(1, 0.02) for BatchNorm scales.
+    if isinstance(module, nn.Conv2d | nn.ConvTranspose2d):
+        nn.init.normal_(module.weight, 0.0, 0.02)
+    elif isinstance(module, nn.BatchNorm2d):
+        nn.init.normal_(module.weight, 1.0, 0.02)
+        nn.init.zeros_(module.bias)
+
+
+def _norm(kind: str, width: int) -> nn.Module:
+    if kind == "batch":
+        return nn.BatchNorm2d(width)
+    if kind == "instance":
+        return nn.InstanceNorm2d(width, affine=True)
+    if kind == "none":
+        return nn.Identity()
+    raise ValueError(f"DCGAN norm={kind!r}: choose batch, instance or none.")
+
+
+class DCGANGenerator(nn.Module):
+    """`norm`: batch (the paper), instance, or none (no batch-dependent statistics: exact accumulation)."""
+
+    def __init__(
+        self, resolution: int = 32, channels: int = 1, z_dim: int = 100, ngf: int = 64, norm: str = "batch"
+    ):
+        super().__init__()
+        self.z_dim = z_dim
+        stages = _stages(resolution)
+        width = ngf * 2 ** (stages - 1)
+        layers: list[nn.Module] = [
+            nn.ConvTranspose2d(z_dim, width, 4, 1, 0, bias=norm == "none"),
+            _norm(norm, width),
+            nn.ReLU(True),
+        ]
+        for _ in range(stages - 1):
+            layers += [
+                nn.ConvTranspose2d(width, width // 2, 4, 2, 1, bias=norm == "none"),
+                _norm(norm, width // 2),
+                nn.ReLU(True),
+            ]
+            width //= 2
+        layers += [nn.ConvTranspose2d(width, channels, 4, 2, 1, bias=False), nn.Tanh()]
+        self.main = nn.Sequential(*layers)
+        self.apply(_init_weights)
+
+    def forward(self, z: torch.Tensor) -> torch.Tensor:
+        return self.main(z.view(z.shape[0], self.z_dim, 1, 1))
+
+
+class DCGANDiscriminator(nn.Module):
+    """`norm`: batch (the paper), instance, or none (exact gradient accumulation; no batch-dependent statistics)."""
+
+    def __init__(self, resolution: int = 32, channels: int = 1, ndf: int = 64, norm: str = "batch"):
+        super().__init__()
+        stages = _stages(resolution)
+        layers: list[nn.Module] = [nn.Conv2d(channels, ndf, 4, 2, 1, bias=False), nn.LeakyReLU(0.2, True)]
+        width = ndf
+        for _ in range(stages - 1):
+            layers += [
+                nn.Conv2d(width, width * 2, 4, 2, 1, bias=norm == "none"),
+                _norm(norm, width * 2),
+                nn.LeakyReLU(0.2, True),
+            ]
+            width *= 2
+        layers.append(nn.Conv2d(width, 1, 4, 1, 0, bias=False))
+        self.main = nn.Sequential(*layers)
+        self.apply(_init_weights)
+
+    def forward(self, images: torch.Tensor) -> torch.Tensor:
+        return self.main(images).reshape(-1)

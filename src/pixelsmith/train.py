@@ -1,0 +1,205 @@
+"""Build and fit a run from a composed config: hardware plan -> backend switches -> data -> model -> Trainer.
+
+`train.py` at the repository root is a thin Hydra wrapper around `run()`; tests call `run()` with configs composed
+by `hydra.compose` so they exercise the same path as a user.
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+import logging
+import warnings
+from pathlib import Path
+from typing import Any
+
+import lightning as L
+import torch
+from hydra.utils import instantiate
+from lightning.pytorch.callbacks import ProgressBar
+from omegaconf import DictConfig, OmegaConf
+
+from pixelsmith.config.schema import ScheduleConfig
+from pixelsmith.core.module import CoreSettings
+from pixelsmith.core.strategy import MultiNetworkDDPStrategy
+from pixelsmith.errors import PixelsmithError
+from pixelsmith.hardware import RuntimePlan, apply_backend_settings, resolve_plan
+
+log = logging.getLogger(__name__)
+
+
+def build_plan(cfg: DictConfig) -> RuntimePlan:
+    if cfg.max_steps < 1:
+        raise PixelsmithError(f"max_steps={cfg.max_steps} must be at least 1.")
+    if cfg.accumulate < 1:
+        raise PixelsmithError(f"accumulate={cfg.accumulate} must be at least 1 (1 = no accumulation).")
+    return resolve_plan(
+        cfg.hardware, cfg.precision.name, cfg.strategy.name, cfg.strategy.process_group_backend
+    )
+
+
+def build_core_settings(cfg: DictConfig, plan: RuntimePlan) -> CoreSettings:
+    schedule = ScheduleConfig(**OmegaConf.to_container(cfg.schedule, resolve=True))
+    run_config = OmegaConf.to_container(cfg, resolve=True)
+    run_config["runtime_plan"] = plan.__dict__.copy()
+    return CoreSettings(
+        precision=plan.precision,
+        accumulate=cfg.accumulate,
+        max_steps=cfg.max_steps,
+        clip_grad_norm=cfg.train.clip_grad_norm,
+        nonfinite_max_consecutive=cfg.train.nonfinite_max_consecutive,
+        schedule=schedule,
+        channels_last=plan.channels_last,
+        compile=plan.compile,
+        compile_mode=plan.compile_mode,
+        seed=cfg.seed,
+        log_every_n_steps=cfg.train.log_every_n_steps,
+        run_config=run_config,
+    )
+
+
+def build_datamodule(cfg: DictConfig, plan: RuntimePlan) -> L.LightningDataModule:
+    """Instantiate `cfg.data`, passing each key its class declares (so a fork's datamodule takes what it needs)."""
+    data = OmegaConf.to_container(cfg.data, resolve=True)
+    target = data.pop("_target_")
+    data.pop("name", None)
+    data["batch_size"] = data.get("batch_size") or plan.batch_size
+    if data.get("num_workers") is None:
+        data["num_workers"] = plan.num_workers
+    if data.get("pin_memory") is None:
+        data["pin_memory"] = plan.pin_memory
+    data.update(accumulate=cfg.accumulate, max_steps=cfg.max_steps, seed=cfg.seed)
+    cls = _locate(target)
+    accepted = _accepted_kwargs(cls)
+    return cls(**{k: v for k, v in data.items() if accepted is None or k in accepted})
+
+
+def _locate(target: str):
+    from hydra.utils import get_class
+
+    return get_class(target)
+
+
+def _accepted_kwargs(cls) -> set[str] | None:
+    names: set[str] = set()
+    for klass in cls.__mro__:
+        if klass is object or "__init__" not in vars(klass):
+            continue
+        params = inspect.signature(klass.__init__).parameters.values()
+        names |= {p.name for p in params if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)}
+        if not any(p.kind == p.VAR_KEYWORD for p in params):
+            return names
+    return None
+
+
+def build_model(cfg: DictConfig, core: CoreSettings) -> L.LightningModule:
+    augment = instantiate(cfg.augment) if cfg.get("augment") and cfg.augment.get("_target_") else None
+    kwargs: dict[str, Any] = {"core": core}
+    if augment is not None:
+        kwargs["augment"] = augment
+    return instantiate(cfg.model, _recursive_=False, **kwargs)
+
+
+def build_strategy(plan: RuntimePlan, cfg: DictConfig):
+    if plan.strategy == "ddp":
+        from datetime import timedelta
+
+        return MultiNetworkDDPStrategy(
+            process_group_backend=plan.process_group_backend,
+            timeout=timedelta(minutes=cfg.strategy.timeout_minutes),
+        )
+    if plan.strategy == "fsdp":
+        raise PixelsmithError(
+            "strategy=fsdp with two optimizers and manual optimization is not supported by Lightning's FSDPStrategy "
+            "(Lightning #19685) and Pixelsmith has no per-network FSDP2 strategy yet. Use strategy=ddp."
+        )
+    return "auto"
+
+
+def _instantiate_group(node: DictConfig | None) -> list:
+    if not node:
+        return []
+    return [instantiate(entry) for entry in node.values() if entry is not None and entry.get("_target_")]
+
+
+def build_trainer(cfg: DictConfig, plan: RuntimePlan) -> L.Trainer:
+    callbacks = _instantiate_group(cfg.get("callbacks"))
+    if not cfg.train.progress_bar:
+        callbacks = [c for c in callbacks if not isinstance(c, ProgressBar)]
+    return L.Trainer(
+        accelerator=plan.accelerator,
+        devices=plan.devices,
+        num_nodes=plan.num_nodes,
+        strategy=build_strategy(plan, cfg),
+        precision="32-true",  # mixed precision is run by the TrainingCore (see core/precision.py)
+        max_epochs=-1,
+        max_steps=-1,  # `max_steps` counts our iterations, enforced by the core (global_step counts optimizer steps)
+        logger=_instantiate_group(cfg.get("logger")) or False,
+        callbacks=callbacks,
+        enable_checkpointing=False,  # IterationCheckpoint does it on the iteration counter, atomically
+        enable_progress_bar=cfg.train.progress_bar,
+        use_distributed_sampler=False,  # IterationSampler shards by rank and resumes by iteration
+        limit_val_batches=0,
+        num_sanity_val_steps=0,
+        log_every_n_steps=cfg.train.log_every_n_steps,
+        benchmark=plan.cudnn_benchmark,
+        default_root_dir=cfg.paths.output_dir,
+    )
+
+
+def _check_resume_path(ckpt_path: str | None) -> str | None:
+    if ckpt_path is None:
+        return None
+    path = Path(ckpt_path).expanduser()
+    if not path.is_file():
+        raise PixelsmithError(
+            f"ckpt_path={ckpt_path!r} does not exist. Resume from a run's checkpoints/last.ckpt (or a step_*.ckpt), "
+            "e.g. ckpt_path=outputs/train/runs/<date>/checkpoints/last.ckpt."
+        )
+    return str(path)
+
+
+def _quiet_library_logging() -> None:
+    # Lightning installs its own console handler; under Hydra the root logger already prints (and writes train.log),
+    # so each Lightning message appeared twice. Route them through the root logger only.
+    for name in ("lightning.pytorch", "lightning.fabric"):
+        logging.getLogger(name).handlers.clear()
+    # The EMA generator is in eval mode on purpose (BatchNorm statistics are copied, not updated).
+    warnings.filterwarnings("ignore", message=r"Found \d+ module\(s\) in eval mode")
+    warnings.filterwarnings("ignore", message=r".*LeafSpec.*is deprecated")
+
+
+def run(cfg: DictConfig) -> dict[str, Any]:
+    """Fit one run; returns the final logged metrics (floats) for sweepers and tests."""
+    _quiet_library_logging()
+    plan = build_plan(cfg)
+    ckpt_path = _check_resume_path(cfg.get("ckpt_path"))
+    apply_backend_settings(plan)
+    L.seed_everything(cfg.seed, workers=True, verbose=False)
+    output_dir = Path(cfg.paths.output_dir)
+    core = build_core_settings(cfg, plan)
+    datamodule = build_datamodule(cfg, plan)
+    model = build_model(cfg, core)
+    trainer = build_trainer(cfg, plan)
+    if trainer.is_global_zero:
+        output_dir.mkdir(parents=True, exist_ok=True)
+        (output_dir / "config_resolved.yaml").write_text(OmegaConf.to_yaml(OmegaConf.create(core.run_config)))
+        log.info(
+            "Run plan: profile=%s device=%s precision=%s strategy=%s devices=%d batch=%s accumulate=%d -> %s",
+            plan.profile,
+            plan.device_name,
+            plan.precision,
+            plan.strategy,
+            plan.devices,
+            cfg.data.batch_size or plan.batch_size,
+            cfg.accumulate,
+            output_dir,
+        )
+    trainer.fit(model, datamodule=datamodule, ckpt_path=ckpt_path)
+    metrics = {
+        k: float(v) for k, v in trainer.callback_metrics.items() if torch.is_tensor(v) and v.numel() == 1
+    }
+    metrics["iteration"] = float(model.iteration)
+    if trainer.is_global_zero:
+        (output_dir / "final_metrics.json").write_text(json.dumps(metrics, indent=2, sort_keys=True))
+    return metrics

@@ -1,0 +1,29 @@
+"""Train a Pixelsmith model: `python train.py [group=option ...] [key=value ...]` (see README for the groups).
+
+Thin on purpose: Hydra composes `conf/train.yaml`, `pixelsmith.train.run` builds and fits. A user-fixable problem
+(PixelsmithError) is printed as one paragraph without a traceback; in a multirun the failed job is recorded in its
+dir and the sweep goes on.
+"""
+
+import logging
+import sys
+
+import hydra
+from omegaconf import DictConfig
+
+from pixelsmith.config.schema import register_configs
+from pixelsmith.entry import guarded_run
+
+register_configs()
+log = logging.getLogger("pixelsmith")
+
+
+@hydra.main(version_base="1.3", config_path="conf", config_name="train")
+def main(cfg: DictConfig) -> float | None:
+    from pixelsmith.train import run
+
+    return guarded_run(run, cfg, objective="loss/G")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
