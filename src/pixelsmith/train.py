@@ -93,11 +93,15 @@ def _accepted_kwargs(cls) -> set[str] | None:
 
 
 def build_model(cfg: DictConfig, core: CoreSettings) -> L.LightningModule:
+    """`cfg.model` as plain keyword arguments (nested `_target_` nodes are instantiated by the model itself), plus
+    the core settings and the augmentation module. Not `hydra.utils.instantiate(cfg.model, core=...)`: that would
+    turn the CoreSettings dataclass into a DictConfig, which then ends up pickled inside checkpoints."""
+    kwargs = OmegaConf.to_container(cfg.model, resolve=True)
+    cls = _locate(kwargs.pop("_target_"))
     augment = instantiate(cfg.augment) if cfg.get("augment") and cfg.augment.get("_target_") else None
-    kwargs: dict[str, Any] = {"core": core}
     if augment is not None:
         kwargs["augment"] = augment
-    return instantiate(cfg.model, _recursive_=False, **kwargs)
+    return cls(core=core, **kwargs)
 
 
 def build_strategy(plan: RuntimePlan, cfg: DictConfig):

@@ -154,14 +154,14 @@ class TrainingCore(L.LightningModule):
                 for b in net.buffers()
                 if b.is_floating_point()
             ]
-        # A network trained by two optimizers must not have its buffers averaged twice.
-        seen: set[int] = set()
-        for name, group in self._float_buffers.items():
-            self._float_buffers[name] = [b for b in group if not (id(b) in seen or seen.add(id(b)))]
             optimizers.append(opt)
             schedulers.append(
                 build_scheduler(opt, schedule.name, schedule.warmup_steps, total, schedule.min_lr_ratio)
             )
+        # A network trained by two optimizers must not have its buffers averaged twice.
+        seen: set[int] = set()
+        for name, group in self._float_buffers.items():
+            self._float_buffers[name] = [b for b in group if not (id(b) in seen or seen.add(id(b)))]
         return optimizers, schedulers
 
     def _raw_optimizer(self, name: str) -> torch.optim.Optimizer:
