@@ -166,7 +166,10 @@ class TrainingCore(L.LightningModule):
 
     def _raw_optimizer(self, name: str) -> torch.optim.Optimizer:
         # The raw optimizer, not Lightning's wrapper: the core steps it through its own scaler.
-        return self.optimizers(use_pl_optimizer=False)[self._optimizer_index[name]]
+        optimizers = self.optimizers(use_pl_optimizer=False)
+        if not isinstance(optimizers, list):  # Lightning unwraps a single optimizer
+            optimizers = [optimizers]
+        return optimizers[self._optimizer_index[name]]
 
     def _schedulers(self) -> list:
         scheds = self.lr_schedulers()
@@ -251,22 +254,26 @@ class TrainingCore(L.LightningModule):
         scaler = self.mixed_precision.scaler
         if scaler is not None:
             scaler.unscale_(opt)  # after the all-reduce, so every rank sees the same inf/NaN and skips alike
-        grads = [p.grad for p in params if p.grad is not None]
+        with_grad = [p for p in params if p.grad is not None]
+        grads = [p.grad for p in with_grad]
         norm = torch.nn.utils.get_total_norm(grads) if grads else torch.zeros((), device=self.device)
         bad = (loss_flag > 0) | ~torch.isfinite(norm)
         if self.core.clip_grad_norm is not None and grads:
-            # Unscaled gradients here whatever the precision; clip_coef is 1 when bad (nan/inf norm) - skipped anyway.
-            torch.nn.utils.clip_grads_with_norm_(
-                grads, self.core.clip_grad_norm, torch.nan_to_num(norm, nan=0.0)
-            )
+            # Unscaled gradients here whatever the precision (Lightning #18089 clips scaled ones). A non-finite
+            # norm is replaced so the clip stays finite; that step is skipped below anyway.
+            safe_norm = torch.nan_to_num(norm, nan=0.0, posinf=0.0)
+            torch.nn.utils.clip_grads_with_norm_(with_grad, self.core.clip_grad_norm, safe_norm)
         applied = True
         if scaler is not None:
             scale_before = scaler.get_scale()
             if bool(loss_flag > 0):
-                applied = False  # a non-finite loss is a guard event, not an fp16 overflow
+                # A non-finite loss is a guard event, not an fp16 overflow: no step, but the scaler's per-step
+                # state must still be closed by update() (it may back off the scale if gradients overflowed).
+                applied = False
+                scaler.update()
                 self._count_nonfinite(name)
             else:
-                scaler.step(opt)
+                scaler.step(opt)  # skips by itself when the unscaled gradients hold inf/NaN
                 scaler.update()
                 applied = scaler.get_scale() >= scale_before
                 if not applied:

@@ -1,0 +1,190 @@
+"""The shared training core on a one-layer model: clipping on unscaled fp16 gradients with a real CPU GradScaler,
+the non-finite guard, schedules on our own iteration counter, EMA, and the resumable sampler."""
+
+from __future__ import annotations
+
+import math
+
+import lightning as L
+import pytest
+import torch
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+
+from pixelsmith.callbacks.checkpoint import IterationCheckpoint
+from pixelsmith.config.schema import OptimizerConfig, ScheduleConfig
+from pixelsmith.core.ema import EMA
+from pixelsmith.core.module import CoreSettings, NonFiniteError, OptimizerDefinition, TrainingCore
+from pixelsmith.core.schedules import lr_multiplier
+from pixelsmith.data.base import BatchSizeError, per_rank_batch
+from pixelsmith.data.sampler import IterationSampler
+
+
+class TinyCore(TrainingCore):
+    """Linear regression on the core; `poison` maps iteration -> factor multiplied into the loss (NaN to poison)."""
+
+    def __init__(self, core: CoreSettings, poison: dict[int, float] | None = None):
+        super().__init__(core)
+        torch.manual_seed(0)
+        self.net = nn.Linear(16, 1)
+        self.poison = poison or {}
+        self.grad_norms_at_step: list[float] = []
+        self.weights_before: list[torch.Tensor] = []
+
+    def networks(self):
+        return {"net": self.net}
+
+    def optimizer_definitions(self):
+        return [
+            OptimizerDefinition(
+                "net", list(self.net.parameters()), OptimizerConfig(lr=1e-2, betas=[0.9, 0.999])
+            )
+        ]
+
+    def on_fit_start(self):
+        opt = self._raw_optimizer("net")
+        original_step = opt.step
+
+        def recording_step(*args, **kwargs):
+            # What the optimizer really sees, after the core's unscale + clip.
+            grads = [p.grad for p in self.net.parameters()]
+            self.grad_norms_at_step.append(float(torch.nn.utils.get_total_norm(grads)))
+            return original_step(*args, **kwargs)
+
+        opt.step = recording_step
+
+    def training_step(self, batch, batch_idx):
+        x, y = batch
+        self.weights_before.append(self.net.weight.detach().clone())
+        with self.autocast():
+            pred = self.net(x)
+        loss = (pred.float() - y).square().mean() * 0.01 * self.poison.get(self.iteration, 1.0)
+        self.loss_backward(loss, "net")
+        self.step("net")
+        self.end_iteration(x.shape[0], {"loss": loss.detach()})
+
+
+def _fit(module: TinyCore, callbacks=(), steps: int = 4) -> L.Trainer:
+    gen = torch.Generator().manual_seed(1)
+    x = torch.randn(64, 16, generator=gen)
+    y = x.sum(dim=1, keepdim=True) * 3
+    loader = DataLoader(TensorDataset(x, y), batch_size=16, shuffle=False)
+    trainer = L.Trainer(
+        accelerator="cpu",
+        devices=1,
+        max_epochs=-1,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        callbacks=list(callbacks),
+    )
+    trainer.fit(module, loader)
+    return trainer
+
+
+def test_clipping_acts_on_unscaled_fp16_gradients_with_a_real_grad_scaler():
+    """Lightning #18089: clipping before the scaler unscales clips `scale` times too hard. With a real
+    torch.amp.GradScaler("cpu") (scale 65536) the optimizer must see gradients of norm exactly max_norm."""
+    clipped = TinyCore(CoreSettings(precision="16-mixed", clip_grad_norm=0.05, max_steps=3))
+    _fit(clipped)
+    scaler = clipped.mixed_precision.scaler
+    assert isinstance(scaler, torch.amp.GradScaler) and scaler.get_scale() == 2.0**16
+    assert clipped.amp_overflow_skipped == 0 and len(clipped.grad_norms_at_step) == 3
+    for norm in clipped.grad_norms_at_step:
+        assert norm == pytest.approx(0.05, rel=1e-3)  # clipping scaled gradients would give 0.05 / 65536
+
+    unclipped = TinyCore(CoreSettings(precision="32-true", clip_grad_norm=None, max_steps=1))
+    _fit(unclipped)
+    assert unclipped.grad_norms_at_step[0] > 0.4  # the clip above (0.05) really was active
+
+
+def test_fp16_gradients_match_fp32_in_direction_after_unscaling():
+    fp16 = TinyCore(CoreSettings(precision="16-mixed", clip_grad_norm=1.0, max_steps=1))
+    fp32 = TinyCore(CoreSettings(precision="32-true", clip_grad_norm=1.0, max_steps=1))
+    _fit(fp16)
+    _fit(fp32)
+    # Same first update direction: the Adam step of iteration 0 is lr * sign-ish(grad); compare weights.
+    delta16 = fp16.net.weight.detach() - fp16.weights_before[0]
+    delta32 = fp32.net.weight.detach() - fp32.weights_before[0]
+    cos = torch.nn.functional.cosine_similarity(delta16.flatten(), delta32.flatten(), dim=0)
+    assert cos > 0.99
+
+
+@pytest.mark.parametrize("precision", ["32-true", "16-mixed", "bf16-mixed"])
+def test_a_non_finite_step_is_skipped_counted_and_training_goes_on(precision):
+    module = TinyCore(CoreSettings(precision=precision, max_steps=4), poison={1: math.nan})
+    _fit(module)
+    assert module.iteration == 4
+    assert module.nonfinite_skipped == 1
+    # Iteration 1 was skipped: the weights entering iteration 2 equal those entering iteration 1.
+    assert torch.equal(module.weights_before[1], module.weights_before[2])
+    assert not torch.equal(module.weights_before[2], module.weights_before[3])
+    assert torch.isfinite(module.net.weight).all()
+
+
+def test_consecutive_non_finite_steps_stop_with_a_message_and_keep_the_last_checkpoint(tmp_path):
+    poison = {i: math.inf for i in range(2, 100)}
+    module = TinyCore(CoreSettings(max_steps=50, nonfinite_max_consecutive=3), poison=poison)
+    ckpt = IterationCheckpoint(str(tmp_path / "checkpoints"), every_n_steps=1, keep=2)
+    with pytest.raises(NonFiniteError) as err:
+        _fit(module, callbacks=[ckpt])
+    message = str(err.value)
+    assert "3 consecutive" in message and "train.nonfinite_max_consecutive" in message
+    assert "clip_grad_norm" in message and "intact" in message
+    saved = torch.load(tmp_path / "checkpoints" / "last.ckpt", weights_only=True)
+    assert saved["pixelsmith"]["iteration"] == 4
+    assert all(torch.isfinite(t).all() for t in saved["state_dict"].values())
+    assert not list((tmp_path / "checkpoints").glob("*.partial"))
+
+
+def test_schedule_follows_the_iteration_counter_not_global_step():
+    settings = CoreSettings(max_steps=6, schedule=ScheduleConfig("warmup_cosine", 2, 0.1, None))
+    module = TinyCore(settings)
+    trainer = _fit(module)
+    expected = 1e-2 * lr_multiplier(6, "warmup_cosine", 2, 6, 0.1)
+    assert module._raw_optimizer("net").param_groups[0]["lr"] == pytest.approx(expected)
+    assert trainer.global_step == 0  # Lightning's counter is not used: raw optimizer steps through our scaler
+
+
+def test_warmup_cosine_shape():
+    values = [lr_multiplier(i, "warmup_cosine", 10, 110, 0.1) for i in range(111)]
+    assert values[0] == pytest.approx(0.1) and values[9] == pytest.approx(1.0)
+    assert values[10] == pytest.approx(1.0) and values[60] == pytest.approx(0.55)
+    assert values[110] == pytest.approx(0.1)
+    assert all(a >= b for a, b in zip(values[10:], values[11:], strict=False))
+    assert lr_multiplier(5, "constant", 10, 110, 0.1) == 1.0
+    with pytest.raises(ValueError, match="constant, warmup_cosine"):
+        lr_multiplier(0, "linear", 0, 1, 0.0)
+
+
+def test_ema_half_life_and_rampup():
+    source = nn.Linear(2, 2)
+    ema = EMA(source, half_life_kimg=10.0, rampup=None)
+    assert ema.beta(10_000, 10**9) == pytest.approx(0.5)  # one half-life of images halves the old weight
+    ramped = EMA(source, half_life_kimg=10.0, rampup=0.05)
+    assert ramped.beta(64, 64 * 10) == pytest.approx(0.5 ** (64 / (640 * 0.05)))
+    with torch.no_grad():
+        source.weight.add_(1.0)
+    before = ema.model.weight.clone()
+    ema.update(source, images_per_iteration=10_000, images_seen=10**9)
+    assert torch.allclose(ema.model.weight, before + 0.5)
+    ema.train()
+    assert not ema.model.training  # stays in eval mode whatever the owner does
+
+
+def test_sampler_shards_ranks_disjointly_and_resumes_at_any_iteration():
+    full = list(IterationSampler(10, batch_per_rank=3, seed=5, start_iteration=0, num_iterations=6))
+    ranks = [list(IterationSampler(10, 3, 5, 0, 6, rank=r, world_size=2)) for r in range(2)]
+    # Iteration 0 of the 2-rank stream covers 6 distinct items of the first permutation.
+    assert len(set(ranks[0][:3] + ranks[1][:3])) == 6
+    resumed = list(IterationSampler(10, 3, 5, start_iteration=4, num_iterations=2))
+    assert resumed == full[12:]
+    assert sorted(full[:10]) == list(range(10))  # each epoch is a permutation
+
+
+def test_global_batch_must_divide_across_processes():
+    assert per_rank_batch(64, 2, 4) == 128
+    with pytest.raises(BatchSizeError) as err:
+        per_rank_batch(15, 2, 1)
+    assert "data.batch_size=15" in str(err.value) and "data.batch_size=14" in str(err.value)
