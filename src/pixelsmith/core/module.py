@@ -92,6 +92,7 @@ class TrainingCore(L.LightningModule):
         self._phase_timer = None
         self._ema_pairs: list[tuple[str, EMA, nn.Module]] = []
         self.images_seen = 0
+        self.skipped_files: torch.Tensor | int = 0
         self._last_iteration_end: float | None = None
         self.grad_allreduce_calls = 0
 
@@ -193,6 +194,10 @@ class TrainingCore(L.LightningModule):
         if self.core.channels_last and images.ndim == 4:
             images = images.contiguous(memory_format=torch.channels_last)
         return images
+
+    def count_skipped_files(self, flags: torch.Tensor) -> None:
+        """Accumulate the loader's per-item "substituted for an unreadable file" flags into data/skipped_files."""
+        self.skipped_files = self.skipped_files + flags.sum().detach()
 
     def micro_batches(self, tensor: torch.Tensor) -> list[torch.Tensor]:
         n = self.core.accumulate
@@ -338,6 +343,8 @@ class TrainingCore(L.LightningModule):
         if self.iteration % self.core.log_every_n_steps == 0 or self.iteration == 1:
             metrics["train/iteration"] = float(self.iteration)
             metrics["train/kimg"] = self.images_seen / 1000.0
+            if torch.is_tensor(self.skipped_files):
+                metrics["data/skipped_files"] = self.skipped_files.float()
             metrics["guard/nonfinite_skipped"] = float(self.nonfinite_skipped)
             metrics["guard/amp_overflow_skipped"] = float(self.amp_overflow_skipped)
             if self.mixed_precision.scaler is not None:

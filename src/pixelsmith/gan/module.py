@@ -98,6 +98,8 @@ class GANModule(TrainingCore):
 
     def training_step(self, batch: Any, batch_idx: int) -> None:
         images = batch[0] if isinstance(batch, list | tuple) else batch
+        if isinstance(batch, list | tuple) and len(batch) > 1:
+            self.count_skipped_files(batch[1])
         with self.phase("h2d"):
             reals = self.prepare_images(images)
         batch_size = reals.shape[0]

@@ -1,0 +1,89 @@
+"""The entry point as users type it: DDP on 2 CPU processes (gloo), multirun, and a failing sweep job that does
+not end the sweep."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from tests.conftest import run_cli
+
+SMALL_DCGAN = [
+    "model.generator.ngf=16",
+    "model.discriminator.ndf=16",
+    "train.progress_bar=false",
+    "logger=csv",
+]
+
+
+@pytest.mark.slow
+def test_ddp_on_two_cpu_processes_keeps_ranks_identical_and_one_output_dir(tmp_path):
+    run_dir = tmp_path / "ddp_run"
+    result = run_cli(
+        [
+            "train.py",
+            "debug=ddp",
+            "hardware=cpu",
+            "precision=32-true",
+            "accumulate=2",
+            "max_steps=6",
+            "train.checkpoint_every_n_steps=3",
+            "callbacks.ddp_check.every_n_steps=3",
+            *SMALL_DCGAN,
+            f"hydra.run.dir={run_dir}",
+        ],
+        timeout=900,
+    )
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    report = json.loads((run_dir / "ddp_consistency.json").read_text())
+    assert report["world_size"] == 2 and report["iteration"] == 6
+    assert report["max_abs_diff"] == 0.0  # parameters AND buffers identical on both ranks
+    # One gradient all-reduce per optimizer step (G and D, 6 iterations); none on the accumulation micro-steps.
+    assert report["grad_allreduce_calls_per_rank"] == [12, 12]
+    # One output dir for the run, not one per rank.
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ddp_run"]
+    state = torch.load(run_dir / "checkpoints" / "last.ckpt", weights_only=True)
+    assert state["pixelsmith"]["iteration"] == 6
+    assert state["pixelsmith"]["images_seen"] == 6 * 16 * 2  # global micro-batch 16 x accumulate 2
+
+
+@pytest.mark.slow
+def test_multirun_runs_each_job_in_its_own_dir_and_survives_a_failing_job(tmp_path):
+    sweep = tmp_path / "sweep"
+    result = run_cli(
+        [
+            "train.py",
+            "-m",
+            "debug=fast",
+            "hardware=cpu",
+            "precision=32-true,bf16-mixed",
+            "max_steps=2,0",
+            *SMALL_DCGAN,
+            f"hydra.sweep.dir={sweep}",
+        ],
+        timeout=900,
+    )
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    jobs = sorted(p for p in sweep.iterdir() if p.is_dir() and not p.name.startswith("."))
+    assert len(jobs) == 4
+    ok = [j for j in jobs if (j / "result.json").exists()]
+    failed = [j for j in jobs if (j / "failed.json").exists()]
+    assert len(ok) == 2 and len(failed) == 2
+    for job in ok:
+        assert (job / "checkpoints" / "last.ckpt").exists()
+        assert "max_steps=2" in job.name
+    for job in failed:
+        assert "max_steps=0 must be at least 1" in json.loads((job / "failed.json").read_text())["error"]
+    precisions = {json.loads((j / "result.json").read_text())["metrics"].get("iteration") for j in ok}
+    assert precisions == {2.0}
+    assert "sweep summary" in result.stdout + result.stderr
+
+
+def test_bad_resume_path_names_the_fix(tmp_path):
+    result = run_cli(["train.py", "hardware=cpu", "ckpt_path=/nope/last.ckpt", f"hydra.run.dir={tmp_path}/r"])
+    assert result.returncode == 2
+    text = result.stdout + result.stderr
+    assert "ckpt_path='/nope/last.ckpt' does not exist" in text and "checkpoints/last.ckpt" in text
+    assert "Traceback" not in text

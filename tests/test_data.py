@@ -1,0 +1,84 @@
+"""Data: the embedded MNIST default, and users' image folders with unreadable files, empty or missing folders."""
+
+from __future__ import annotations
+
+import csv
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+from pixelsmith.data.image_folder import DataFolderError, ImageFolderDataset, list_images
+from pixelsmith.data.mnist import load_mnist
+from pixelsmith.train import run
+
+
+def test_mnist_is_embedded_and_resized():
+    images, labels = load_mnist(32)
+    assert images.shape == (5000, 1, 32, 32) and images.dtype == torch.uint8
+    assert torch.bincount(labels).tolist() == [500] * 10
+    assert 30 < images.float().mean() < 45  # mostly black background with white strokes
+
+
+def _write_images(folder, count, size=(40, 30)):
+    folder.mkdir(parents=True, exist_ok=True)
+    rng = np.random.default_rng(0)
+    for i in range(count):
+        array = rng.integers(0, 255, size=(size[1], size[0], 3), dtype=np.uint8)
+        Image.fromarray(array).save(folder / f"img_{i:03d}.{'png' if i % 2 else 'jpg'}")
+
+
+def test_image_folder_lists_recursively_and_decodes_square(tmp_path):
+    _write_images(tmp_path / "a", 3)
+    _write_images(tmp_path / "a" / "nested", 2)
+    files = list_images(tmp_path, ["jpg", "png"])
+    assert len(files) == 5
+    image, substituted = ImageFolderDataset(files, 16, 3)[0]
+    assert image.shape == (3, 16, 16) and image.dtype == torch.uint8 and substituted == 0
+
+
+def test_missing_and_empty_folders_are_clear_errors(tmp_path):
+    with pytest.raises(DataFolderError, match="is not a folder.*data.root="):
+        list_images(tmp_path / "nope", ["jpg"])
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "empty" / "notes.txt").write_text("not an image")
+    with pytest.raises(DataFolderError, match="holds no images.*data.extensions"):
+        list_images(tmp_path / "empty", ["jpg", "png"])
+
+
+def test_corrupt_file_is_skipped_with_a_warning_or_names_its_path(tmp_path, caplog):
+    _write_images(tmp_path, 3)
+    corrupt = tmp_path / "img_001.png"
+    corrupt.write_bytes(b"\x89PNG\r\n\x1a\n truncated")
+    files = list_images(tmp_path, ["jpg", "png"])
+    skipping = ImageFolderDataset(files, 16, 3, on_corrupt="skip")
+    image, substituted = skipping[1]
+    assert substituted == 1 and image.shape == (3, 16, 16)
+    assert "img_001.png" in caplog.text
+    strict = ImageFolderDataset(files, 16, 3, on_corrupt="error")
+    with pytest.raises(DataFolderError, match="img_001.png.*data.on_corrupt=skip"):
+        strict[1]
+
+
+def test_training_on_an_image_folder_counts_skipped_files(make_cfg, tmp_path):
+    folder = tmp_path / "images"
+    _write_images(folder, 12)
+    (folder / "img_003.png").write_bytes(b"garbage")
+    cfg = make_cfg(
+        "data=image_folder",
+        f"data.root={folder}",
+        "data.resolution=16",
+        "data.batch_size=4",
+        "data.num_workers=1",
+        "max_steps=3",
+        "train.log_every_n_steps=1",
+        "precision=32-true",
+    )
+    metrics = run(cfg)
+    assert metrics["iteration"] == 3
+    with open(tmp_path / "run" / "metrics.csv") as handle:
+        skipped = [
+            float(r["data/skipped_files"]) for r in csv.DictReader(handle) if r.get("data/skipped_files")
+        ]
+    assert skipped and skipped[-1] >= 1  # 12 files, 12 items drawn: the broken one is hit and counted
