@@ -26,6 +26,7 @@ FAST = [
     "logger=csv",
     "data.limit=256",
     "data.batch_size=16",
+    "eval.every_n_steps=0",  # tests that check evaluation turn it on
 ]
 # Narrow networks per model so a test trains in seconds.
 SMALL = {

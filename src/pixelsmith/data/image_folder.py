@@ -80,6 +80,8 @@ class ImageFolderDataset(Dataset):
 
 
 class ImageFolderDataModule(ImageDataModule):
+    default_extractor = "inception"  # the standard FID network; its weights file must be on disk
+
     def __init__(
         self,
         root: str | None,
@@ -110,3 +112,23 @@ class ImageFolderDataModule(ImageDataModule):
         if self.limit:
             files = files[: self.limit]
         self.train_set = ImageFolderDataset(files, self.resolution, self.channels, self.on_corrupt)
+
+    def reference_source(self, seed: int = 0, batch_size: int = 64):
+        """(fingerprint, protocol, batch factory, image count) of the real images for FID reference statistics,
+        decoded exactly as for training, in a seeded order so any prefix is a random subset."""
+        from pixelsmith.metrics.reference_cache import fingerprint_image_folder
+
+        dataset = self.train_set
+        fingerprint = (
+            f"{fingerprint_image_folder(self.root, tuple('.' + e for e in self.extensions))}:seed={seed}"
+        )
+        protocol = (
+            f"image_folder: exif_transpose, ImageOps.fit LANCZOS to {self.resolution}px, {self.channels} ch"
+        )
+
+        def make_batches():
+            order = torch.randperm(len(dataset), generator=torch.Generator().manual_seed(seed)).tolist()
+            for start in range(0, len(order), batch_size):
+                yield torch.stack([dataset[i][0] for i in order[start : start + batch_size]])
+
+        return fingerprint, protocol, make_batches, len(dataset)

@@ -54,6 +54,8 @@ class TensorImageDataset(Dataset):
 
 
 class MNISTDataModule(ImageDataModule):
+    default_extractor = "mnist"  # the offline digit classifier: a meaningful FID without any download
+
     def __init__(self, resolution: int = 32, channels: int = 1, limit: int | None = None, **loader_kwargs):
         super().__init__(**loader_kwargs)
         if channels not in (1, 3):
@@ -73,6 +75,21 @@ class MNISTDataModule(ImageDataModule):
         if self.channels == 3:
             images = images.repeat(1, 3, 1, 1)
         self.train_set = TensorImageDataset(images)
+
+    def reference_source(self, seed: int = 0):
+        """(fingerprint, protocol, batch factory, image count) of the real images for FID reference statistics:
+        all 5,000 digits at this resolution, whatever `limit` says (the distribution to match is MNIST's)."""
+        from pixelsmith.metrics.reference_cache import mnist_reference
+
+        fingerprint, protocol, make_batches = mnist_reference(MNIST_FILE, self.resolution, seed)
+        if self.channels == 3:
+            make_grey = make_batches
+
+            def make_batches():
+                return (batch.repeat(1, 3, 1, 1) for batch in make_grey())
+
+            fingerprint += ":rgb"
+        return fingerprint, protocol, make_batches, 5000
 
 
 def _rebuild() -> None:

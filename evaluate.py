@@ -1,0 +1,25 @@
+"""Evaluate a trained GAN: `python evaluate.py ckpt_path=RUN/checkpoints/last.ckpt [eval.num_samples=N ...]`.
+
+Thin Hydra wrapper around `pixelsmith.evaluate.evaluate`; writes metrics.json and metrics.md into its run dir.
+"""
+
+import sys
+
+import hydra
+from omegaconf import DictConfig
+
+from pixelsmith.config.schema import register_configs
+from pixelsmith.entry import guarded_run
+
+register_configs()
+
+
+@hydra.main(version_base="1.3", config_path="conf", config_name="evaluate")
+def main(cfg: DictConfig) -> float | None:
+    from pixelsmith.evaluate import evaluate
+
+    return guarded_run(evaluate, cfg, objective="fid")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,85 @@
+"""Evaluate a trained GAN checkpoint: `python evaluate.py ckpt_path=RUN/checkpoints/last.ckpt [eval.*=...]`.
+
+The model and data configs come from the checkpoint (`pixelsmith_config`, written by every training run), so the
+network always matches its weights whatever `experiment=` is given (LHT #659); hardware and precision come from
+the current command line. Writes `metrics.json` and `metrics.md` into the run dir.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+from typing import Any
+
+import torch
+from omegaconf import DictConfig, OmegaConf
+
+from pixelsmith.callbacks.evaluation import build_gan_metric, generate_into
+from pixelsmith.core.module import CoreSettings
+from pixelsmith.errors import PixelsmithError
+from pixelsmith.train import _check_resume_path, build_datamodule, build_model, build_plan
+
+log = logging.getLogger(__name__)
+
+
+def load_checkpoint(path: str) -> dict[str, Any]:
+    checkpoint = torch.load(path, map_location="cpu", weights_only=True)
+    if "pixelsmith_config" not in checkpoint or not checkpoint["pixelsmith_config"]:
+        raise PixelsmithError(
+            f"{path} holds no Pixelsmith run config ('pixelsmith_config'); evaluate a checkpoint written by "
+            "`python train.py` (its checkpoints/ folder)."
+        )
+    return checkpoint
+
+
+def evaluate(cfg: DictConfig) -> dict[str, float]:
+    ckpt_path = _check_resume_path(cfg.ckpt_path)
+    checkpoint = load_checkpoint(ckpt_path)
+    stored = OmegaConf.create(checkpoint["pixelsmith_config"])
+    if OmegaConf.to_container(cfg.model, resolve=True) != OmegaConf.to_container(stored.model):
+        log.warning(
+            "The composed model config differs from the checkpoint's; using the checkpoint's (%s).",
+            stored.model.name,
+        )
+    plan = build_plan(cfg)
+    run_cfg = OmegaConf.merge(
+        cfg, {"model": stored.model, "data": stored.data, "augment": stored.get("augment")}
+    )
+    model = build_model(run_cfg, CoreSettings(precision=plan.precision, seed=int(stored.seed)))
+    model.load_state_dict(checkpoint["state_dict"])
+    device = torch.device("cuda" if plan.accelerator == "cuda" else "cpu")
+    model.to(device).eval()
+    datamodule = build_datamodule(run_cfg, plan)
+    datamodule.setup("fit")
+    ev = cfg.eval
+    metric = build_gan_metric(
+        datamodule,
+        ev.extractor,
+        ev.weights_path,
+        list(ev.metrics),
+        ev.reference_samples,
+        ev.cache_dir,
+        device,
+        ev.seed,
+    )
+    generate_into(metric, model, ev.num_samples, ev.batch_size, ev.seed)
+    scores = metric.compute()
+    scores["iteration"] = float(checkpoint["pixelsmith"]["iteration"])
+    output_dir = Path(cfg.paths.output_dir)
+    output_dir.mkdir(parents=True, exist_ok=True)
+    report = {
+        "checkpoint": ckpt_path,
+        "model": stored.model.name,
+        "precision": plan.precision,
+        "metrics": scores,
+    }
+    (output_dir / "metrics.json").write_text(json.dumps(report, indent=2))
+    rows = "\n".join(f"| {k} | {v:.6g} |" for k, v in scores.items())
+    (output_dir / "metrics.md").write_text(
+        f"# Evaluation of `{ckpt_path}`\n\nmodel: {stored.model.name}, iteration {int(scores['iteration'])}, "
+        f"extractor: {metric.extractor.name}, {ev.num_samples} generated vs {int(scores['num_real'])} real images\n\n"
+        f"| metric | value |\n|---|---|\n{rows}\n"
+    )
+    log.info("metrics -> %s\n%s", output_dir / "metrics.md", rows)
+    return scores

@@ -1,0 +1,226 @@
+"""Frozen VGG16/VGG19 feature extractor with named taps: the perceptual loss network and the AdaIN encoder.
+
+Weights come from torchvision's weights API (which reads `$TORCH_HOME/hub/checkpoints/<file>`) or from an explicit
+`weights_path`. Nothing here downloads: when the file is absent we stop with `LossNetworkWeightsNotFoundError`
+*before* torchvision would try the network, because a silent multi-hundred-MB download (or a hang on a machine with
+no internet) is worse than a clear message. `pretrained=False` builds random weights with a loud warning; tests and
+smoke runs use it.
+
+Inputs are RGB in [0, 1]; the ImageNet normalisation torchvision's VGG weights expect happens inside.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+
+import torch
+from torch import Tensor, nn
+
+# Layer layouts of torchvision's `vgg16().features` / `vgg19().features` (configs "D" and "E"); "M" is a max-pool.
+# Building only the convolutional part avoids allocating the 120M-parameter classifier we never use.
+VGG_LAYOUTS: dict[str, list[int | str]] = {
+    "vgg16": [64, 64, "M", 128, 128, "M", 256, 256, 256, "M", 512, 512, 512, "M", 512, 512, 512, "M"],
+    "vgg19": [
+        64,
+        64,
+        "M",
+        128,
+        128,
+        "M",
+        256,
+        256,
+        256,
+        256,
+        "M",
+        512,
+        512,
+        512,
+        512,
+        "M",
+        512,
+        512,
+        512,
+        512,
+        "M",
+    ],
+}
+# Johnson et al. (2016) use VGG16 relu1_2..relu4_3; Huang & Belongie (AdaIN, 2017) use VGG19 relu1_1..relu4_1.
+DEFAULT_LAYERS = {
+    "vgg16": ("relu1_2", "relu2_2", "relu3_3", "relu4_3"),
+    "vgg19": ("relu1_1", "relu2_1", "relu3_1", "relu4_1"),
+}
+IMAGENET_MEAN = (0.485, 0.456, 0.406)
+IMAGENET_STD = (0.229, 0.224, 0.225)
+CONFIG_KEY_WEIGHTS_PATH = "model.loss_net.weights_path"
+CONFIG_KEY_PRETRAINED = "model.loss_net.pretrained"
+
+
+class LossNetworkWeightsNotFoundError(FileNotFoundError):
+    """The pretrained VGG weights are not on disk; the message says which file, where, and the two ways to fix it."""
+
+
+class RandomLossNetworkWeightsWarning(UserWarning):
+    """The loss network runs with random weights: style/content losses are then not perceptual."""
+
+
+def layer_names(arch: str) -> list[str]:
+    """Names of the modules in `features` in order: conv1_1, relu1_1, conv1_2, relu1_2, pool1, conv2_1, ..."""
+    if arch not in VGG_LAYOUTS:
+        raise ValueError(f"Unknown loss network arch={arch!r}; choose one of {', '.join(VGG_LAYOUTS)}.")
+    names, block, index = [], 1, 1
+    for entry in VGG_LAYOUTS[arch]:
+        if entry == "M":
+            names.append(f"pool{block}")
+            block, index = block + 1, 1
+        else:
+            names += [f"conv{block}_{index}", f"relu{block}_{index}"]
+            index += 1
+    return names
+
+
+def build_vgg_features(arch: str, upto: int) -> nn.Sequential:
+    """Torchvision's VGG `features` layout (same indices, so its state-dict keys load) truncated after index `upto`."""
+    layers: list[nn.Module] = []
+    in_channels = 3
+    for entry in VGG_LAYOUTS[arch]:
+        if entry == "M":
+            layers.append(nn.MaxPool2d(kernel_size=2, stride=2))
+        else:
+            conv = nn.Conv2d(in_channels, int(entry), kernel_size=3, padding=1)
+            # torchvision's VGG init; PyTorch's default conv init shrinks activations layer by layer, which makes
+            # random-weight deep taps nearly constant and the random-weight tests meaningless.
+            nn.init.kaiming_normal_(conv.weight, mode="fan_out", nonlinearity="relu")
+            nn.init.zeros_(conv.bias)
+            # Not in-place: a tap may be a conv output, which an in-place ReLU would overwrite.
+            layers += [conv, nn.ReLU(inplace=False)]
+            in_channels = int(entry)
+        if len(layers) > upto:
+            break
+    return nn.Sequential(*layers[: upto + 1])
+
+
+def torchvision_weights(arch: str):
+    """The torchvision weights enum entry (IMAGENET1K_V1) for `arch`."""
+    from torchvision.models import VGG16_Weights, VGG19_Weights
+
+    return {"vgg16": VGG16_Weights.IMAGENET1K_V1, "vgg19": VGG19_Weights.IMAGENET1K_V1}[arch]
+
+
+def torchvision_checkpoint_path(arch: str) -> Path:
+    """Where torchvision's weights API looks for the file: `torch.hub.get_dir()/checkpoints/<name>` ($TORCH_HOME)."""
+    file_name = torchvision_weights(arch).url.rsplit("/", 1)[-1]
+    return Path(torch.hub.get_dir()).resolve() / "checkpoints" / file_name
+
+
+def missing_weights_message(arch: str, weights_path: str | Path | None) -> str:
+    expected = torchvision_checkpoint_path(arch)
+    url = torchvision_weights(arch).url
+    if weights_path is not None:
+        where = f"{CONFIG_KEY_WEIGHTS_PATH}={weights_path} does not exist (resolved: {Path(weights_path).resolve()})."
+    else:
+        where = f"'{expected.name}' is not in {expected.parent}/ (torchvision's cache, $TORCH_HOME/hub/checkpoints/)."
+    return (
+        f"Pretrained {arch.upper()} ImageNet weights for the style loss network were not found: {where} "
+        f"Nothing is downloaded automatically. Provide the file '{expected.name}' (torchvision's download from "
+        f"{url}, fetched on a machine with internet access) in one of two ways: copy it to {expected.parent}/ "
+        f"(set TORCH_HOME to move that directory), or point the config at it with "
+        f"{CONFIG_KEY_WEIGHTS_PATH}=/path/to/{expected.name}. To run without pretrained weights (tests and smoke "
+        f"runs only: the losses are then not perceptual and results are not stylized), set {CONFIG_KEY_PRETRAINED}=false."
+    )
+
+
+def load_vgg_state_dict(arch: str, weights_path: str | Path | None) -> dict[str, Tensor]:
+    """The `features.*` weights of a torchvision VGG checkpoint, from `weights_path` or torchvision's cache."""
+    if weights_path is not None:
+        path = Path(weights_path).expanduser()
+        if not path.is_file():
+            raise LossNetworkWeightsNotFoundError(missing_weights_message(arch, weights_path))
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    else:
+        if not torchvision_checkpoint_path(arch).is_file():
+            # Checked before calling torchvision: its loader would otherwise start a download.
+            raise LossNetworkWeightsNotFoundError(missing_weights_message(arch, None))
+        state = torchvision_weights(arch).get_state_dict(
+            progress=False, map_location="cpu", weights_only=True
+        )
+    if isinstance(state, dict) and "state_dict" in state and isinstance(state["state_dict"], dict):
+        state = state["state_dict"]
+    # Accept a full torchvision state dict ("features.0.weight", "classifier...") or a features-only one ("0.weight").
+    has_prefix = any(key.startswith("features.") for key in state)
+    return {
+        key.removeprefix("features."): value
+        for key, value in state.items()
+        if (key.startswith("features.") or not has_prefix)
+    }
+
+
+class VGGFeatures(nn.Module):
+    """Frozen VGG feature extractor: `forward(x in [0,1]) -> {tap name: activation}`.
+
+    Always in eval mode (`train()` is a no-op for it), parameters have `requires_grad=False`, and it keeps
+    channels_last. Under autocast it computes in the autocast dtype like any other module.
+    """
+
+    def __init__(
+        self,
+        arch: str = "vgg16",
+        layers: Sequence[str] | None = None,
+        pretrained: bool = True,
+        weights_path: str | Path | None = None,
+        channels_last: bool = True,
+    ):
+        super().__init__()
+        names = layer_names(arch)
+        self.arch = arch
+        self.layers = tuple(layers) if layers is not None else DEFAULT_LAYERS[arch]
+        unknown = [name for name in self.layers if name not in names]
+        if unknown:
+            raise ValueError(f"Unknown {arch} layer(s) {unknown}; valid names: {', '.join(names)}.")
+        self.tap_indices = {names.index(name): name for name in self.layers}
+        self.features = build_vgg_features(arch, max(self.tap_indices))
+        if pretrained or weights_path is not None:
+            state = load_vgg_state_dict(arch, weights_path)
+            wanted = self.features.state_dict().keys()
+            missing = [key for key in wanted if key not in state]
+            if missing:
+                raise RuntimeError(
+                    f"The {arch} weights file lacks {missing[:4]}{'...' if len(missing) > 4 else ''}: "
+                    f"is it a torchvision {arch} checkpoint?"
+                )
+            self.features.load_state_dict({key: state[key] for key in wanted})
+        else:
+            warnings.warn(
+                f"\n{'!' * 100}\n  The {arch.upper()} loss network is using RANDOM weights ({CONFIG_KEY_PRETRAINED}=false): "
+                "content/style losses are not perceptual,\n  outputs will not look stylized. Fine for tests and "
+                f"smoke runs only.\n{'!' * 100}",
+                RandomLossNetworkWeightsWarning,
+                stacklevel=2,
+            )
+        self.register_buffer("mean", torch.tensor(IMAGENET_MEAN).view(1, 3, 1, 1), persistent=False)
+        self.register_buffer("std", torch.tensor(IMAGENET_STD).view(1, 3, 1, 1), persistent=False)
+        self.requires_grad_(False)
+        self.channels_last = channels_last
+        if channels_last:
+            self.to(memory_format=torch.channels_last)
+        super().train(False)
+
+    def train(self, mode: bool = True) -> VGGFeatures:
+        # Frozen by contract: Lightning calls model.train() on the whole module tree every epoch.
+        return super().train(False)
+
+    def forward(self, x: Tensor, layers: Iterable[str] | None = None) -> dict[str, Tensor]:
+        wanted = set(self.layers if layers is None else layers)
+        x = (x - self.mean.to(x.dtype)) / self.std.to(x.dtype)
+        if self.channels_last:
+            x = x.contiguous(memory_format=torch.channels_last)
+        out: dict[str, Tensor] = {}
+        for index, layer in enumerate(self.features):
+            x = layer(x)
+            name = self.tap_indices.get(index)
+            if name is not None and name in wanted:
+                out[name] = x
+                if len(out) == len(wanted):
+                    break
+        return out

@@ -1,0 +1,435 @@
+"""Stylize images (files or folders, any size) with a trained style model; the code behind `python stylize.py`.
+
+Checkpoint contract (what `load_stylizer_from_checkpoint` reads; the style LightningModule writes it):
+- `checkpoint["state_dict"]`: the LightningModule's state dict, containing
+  - for a Johnson fast-style model: the TransformerNet under the prefix `stylizer.` (`stylizer.encoder.0.1.weight`),
+  - for AdaIN: the AdaINDecoder under `decoder.` (`decoder.layers.1.weight`) and, optionally, the frozen VGG19
+    encoder under `encoder.` (`encoder.features.0.weight`). Without `encoder.` keys the encoder is rebuilt from the
+    VGG19 weights named by the config (torchvision cache or `model.loss_net.weights_path`), which then must exist.
+- `checkpoint["pixelsmith_config"]["model"]`: the model config as a plain dict (OmegaConf.to_container). Read keys:
+  `stylizer` (TransformerNet kwargs: base_channels, num_residual_blocks, output_activation), `decoder`
+  (AdaINDecoder kwargs: width), `loss_net` (pretrained, weights_path; AdaIN without stored encoder only). Missing
+  keys mean the defaults; keys starting with "_" (Hydra's `_target_`) are ignored.
+- The file should load with `torch.load(weights_only=True)` (plain containers, tensors, numbers, strings); if it
+  does not, it is loaded with weights_only=False after a warning, since it is the user's own training output.
+
+Image handling (choices documented for users in `--help`): EXIF orientation is applied; 16-bit inputs are reduced
+to 8-bit with a warning (`high_bit_depth=refuse` refuses them); transparency is kept: the RGB is stylized and the
+original alpha re-attached, unless the output format cannot store it (JPEG, BMP: dropped with a warning) or
+`transparency=drop|refuse`. The ICC colour profile is passed through.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import sys
+import time
+import warnings
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from PIL import Image
+from torch import nn
+
+from pixelsmith.style.data import (
+    IMAGE_EXTENSIONS,
+    ImageNotFoundError,
+    ImageReadError,
+    load_style_image,
+    read_image,
+)
+from pixelsmith.style.loss_network import RandomLossNetworkWeightsWarning, VGGFeatures
+from pixelsmith.style.networks import ADAIN_ENCODER_LAYERS, AdaINDecoder, AdaINNet, TransformerNet
+from pixelsmith.style.tiling import stylize_tiled
+
+ALPHA_FORMATS = {".png", ".webp", ".tif", ".tiff"}
+
+
+class CheckpointFormatError(RuntimeError):
+    """The checkpoint does not follow the contract in this module's docstring."""
+
+
+class StylizeInputError(ValueError):
+    """Bad input/output paths or options for stylize; the message says what to change."""
+
+
+# ---------------------------------------------------------------------------------------------- checkpoints
+
+
+def _load_checkpoint_file(path: Path) -> dict[str, Any]:
+    if not path.is_file():
+        raise FileNotFoundError(
+            f"Checkpoint not found: {path} (resolved: {path.resolve()}). Training writes them to "
+            "RUN_DIR/checkpoints/ (last.ckpt is the latest)."
+        )
+    try:
+        return torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as error:  # noqa: BLE001  (any unpickling failure: retry the trusted way, loudly)
+        warnings.warn(
+            f"{path} does not load with weights_only=True ({type(error).__name__}); loading it with full pickle "
+            "support. Only do this with checkpoints you trust (your own training runs).",
+            stacklevel=3,
+        )
+        return torch.load(path, map_location="cpu", weights_only=False)
+
+
+def _sub_state(state: dict[str, torch.Tensor], prefix: str) -> dict[str, torch.Tensor]:
+    return {key[len(prefix) :]: value for key, value in state.items() if key.startswith(prefix)}
+
+
+def _load_into(module: nn.Module, state: dict[str, torch.Tensor], what: str, path: Path) -> None:
+    try:
+        module.load_state_dict(state)
+    except RuntimeError as error:
+        raise CheckpointFormatError(
+            f"{path}: the {what} weights do not fit the network built from pixelsmith_config['model'] "
+            f"(was the checkpoint written with a different architecture config?): {error}"
+        ) from error
+
+
+def load_stylizer_from_checkpoint(path: str | Path) -> nn.Module:
+    """TransformerNet or AdaINNet (eval mode, CPU) from a training checkpoint (contract: module docstring)."""
+    path = Path(path)
+    checkpoint = _load_checkpoint_file(path)
+    state = checkpoint.get("state_dict") if isinstance(checkpoint, dict) else None
+    if not isinstance(state, dict):
+        raise CheckpointFormatError(f"{path} has no 'state_dict': is it a Pixelsmith training checkpoint?")
+    model_config = dict((checkpoint.get("pixelsmith_config") or {}).get("model") or {})
+
+    stylizer_state = _sub_state(state, "stylizer.")
+    decoder_state = _sub_state(state, "decoder.")
+    if stylizer_state:
+        model = TransformerNet.from_config(model_config.get("stylizer"))
+        _load_into(model, stylizer_state, "TransformerNet (stylizer.*)", path)
+        return model.eval()
+    if decoder_state:
+        decoder = AdaINDecoder.from_config(model_config.get("decoder"))
+        _load_into(decoder, decoder_state, "AdaIN decoder (decoder.*)", path)
+        encoder_state = _sub_state(state, "encoder.")
+        if encoder_state:
+            with warnings.catch_warnings():
+                # Random init is overwritten from the checkpoint right below: the warning would be a false alarm.
+                warnings.simplefilter("ignore", RandomLossNetworkWeightsWarning)
+                encoder = VGGFeatures("vgg19", ADAIN_ENCODER_LAYERS, pretrained=False)
+            _load_into(encoder, encoder_state, "AdaIN encoder (encoder.*)", path)
+        else:
+            loss_net = dict(model_config.get("loss_net") or {})
+            encoder = VGGFeatures(
+                "vgg19",
+                ADAIN_ENCODER_LAYERS,
+                pretrained=bool(loss_net.get("pretrained", True)),
+                weights_path=loss_net.get("weights_path"),
+            )
+        return AdaINNet(encoder, decoder).eval()
+    prefixes = sorted({key.split(".", 1)[0] for key in state})
+    raise CheckpointFormatError(
+        f"{path}: no stylizer in the state dict: expected keys starting with 'stylizer.' (fast style model) or "
+        f"'decoder.' (AdaIN); found prefixes {prefixes}."
+    )
+
+
+def prepare_stylizer(
+    model: nn.Module,
+    style: str | Path | torch.Tensor | None = None,
+    alpha: float = 1.0,
+    style_size: int | None = 512,
+) -> nn.Module:
+    """The one-input module to tile: TransformerNet as is; AdaINNet bound to `style` (path or (3, H, W) tensor)."""
+    if isinstance(model, AdaINNet):
+        if style is None:
+            raise StylizeInputError(
+                "This is an AdaIN (arbitrary style) model: give the style image to apply, e.g. style=path/to/style.jpg."
+            )
+        image = style if isinstance(style, torch.Tensor) else load_style_image(style, style_size)
+        return model.bind_style(image.unsqueeze(0) if image.dim() == 3 else image, alpha)
+    if style is not None:
+        warnings.warn("style= is ignored: this fast-style model has its style built in.", stacklevel=2)
+    return model
+
+
+# -------------------------------------------------------------------------------------------------- paths
+
+
+def _is_image(path: Path) -> bool:
+    return path.suffix.lower() in IMAGE_EXTENSIONS
+
+
+def plan_outputs(inputs: Path, output: Path) -> list[tuple[Path, Path]]:
+    """(input file, output file) pairs: file -> file (or into a folder), folder -> folder (tree mirrored)."""
+    if not inputs.exists():
+        raise ImageNotFoundError(f"Input not found: {inputs} (resolved: {inputs.resolve()}).")
+    if inputs.is_file():
+        if output.is_dir() or not output.suffix:
+            return [(inputs, output / inputs.name)]
+        if not _is_image(output):
+            raise StylizeInputError(
+                f"output={output}: unknown image extension '{output.suffix}'; use one of {', '.join(IMAGE_EXTENSIONS)}."
+            )
+        return [(inputs, output)]
+    if output.is_file() or (output.suffix and _is_image(output)):
+        raise StylizeInputError(f"input={inputs} is a folder, so output must be a folder too (got {output}).")
+    files = sorted(p for p in inputs.rglob("*") if p.is_file() and _is_image(p))
+    if not files:
+        raise StylizeInputError(f"No images ({', '.join(IMAGE_EXTENSIONS)}) found in {inputs.resolve()}.")
+    return [(file, output / file.relative_to(inputs)) for file in files]
+
+
+def save_image(rgb: np.ndarray, alpha: np.ndarray | None, path: Path, icc_profile: bytes | None) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if alpha is not None and path.suffix.lower() not in ALPHA_FORMATS:
+        warnings.warn(
+            f"{path}: {path.suffix} cannot store transparency; the alpha channel was dropped.", stacklevel=2
+        )
+        alpha = None
+    image = Image.fromarray(rgb, "RGB")
+    if alpha is not None:
+        image.putalpha(Image.fromarray(alpha, "L"))
+    options: dict[str, Any] = {"icc_profile": icc_profile} if icc_profile else {}
+    if path.suffix.lower() in (".jpg", ".jpeg"):
+        options.update(quality=95, subsampling=0)
+    image.save(path, **options)
+
+
+# ------------------------------------------------------------------------------------------------ stylize
+
+
+def resolve_device(device: str) -> str:
+    if device == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        raise StylizeInputError(f"device={device} but CUDA is not available here; use device=cpu (or auto).")
+    return device
+
+
+def stylize_paths(
+    model: nn.Module,
+    inputs: str | Path,
+    output: str | Path,
+    tile: int = 512,
+    overlap: int = 64,
+    precision: str = "32-true",
+    device: str = "cpu",
+    *,
+    style: str | Path | torch.Tensor | None = None,
+    alpha: float = 1.0,
+    style_size: int | None = 512,
+    tile_batch: int = 4,
+    thumbnail: int = 1024,
+    high_bit_depth: str = "convert",
+    transparency: str = "keep",
+    overwrite: bool = True,
+    progress: bool = True,
+) -> list[Path]:
+    """Stylize one image file or every image under a folder; returns the written files.
+
+    model: TransformerNet, AdaINNet (needs `style`, blended with `alpha`), or any one-input stylizer module.
+    tile/overlap/tile_batch/thumbnail: see `tiling.stylize_tiled`. precision: 32-true | bf16-mixed | 16-mixed.
+    high_bit_depth: convert | refuse. transparency: keep | drop | refuse.
+    """
+    if transparency not in ("keep", "drop", "refuse"):
+        raise StylizeInputError(f"transparency={transparency!r}; choose keep, drop or refuse.")
+    if not 0 <= overlap < tile:
+        raise StylizeInputError(
+            f"overlap={overlap} must be smaller than tile={tile} (about tile/8 works well)."
+        )
+    if high_bit_depth not in ("convert", "refuse"):
+        raise StylizeInputError(f"high_bit_depth={high_bit_depth!r}; choose convert or refuse.")
+    device = resolve_device(device)
+    stylizer = prepare_stylizer(model, style, alpha, style_size)
+    pairs = plan_outputs(Path(inputs), Path(output))
+    written: list[Path] = []
+
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
+    with Progress(*columns, disable=not progress, transient=False) as bar:
+        files_task = bar.add_task("images", total=len(pairs), visible=len(pairs) > 1)
+        for source, target in pairs:
+            if target.exists() and not overwrite:
+                bar.advance(files_task)
+                continue
+            image = read_image(source, keep_alpha=transparency != "drop", high_bit_depth=high_bit_depth)
+            if image.alpha is not None and transparency == "refuse":
+                raise ImageReadError(
+                    f"{source} has an alpha channel and transparency=refuse; use keep or drop."
+                )
+            tiles_task = bar.add_task(f"{source.name} {image.rgb.shape[1]}x{image.rgb.shape[0]}", total=None)
+
+            def on_tiles_done(done: int, total: int, task=tiles_task) -> None:
+                bar.update(task, completed=done, total=total)
+
+            result = stylize_tiled(
+                stylizer,
+                image.rgb,
+                tile=tile,
+                overlap=overlap,
+                batch_size=tile_batch,
+                thumbnail_size=thumbnail,
+                precision=precision,
+                device=device,
+                on_tiles_done=on_tiles_done,
+            )
+            del image.rgb  # the input buffer is not needed while encoding the output
+            save_image(result, image.alpha, target, image.icc_profile)
+            bar.remove_task(tiles_task)
+            bar.advance(files_task)
+            written.append(target)
+    return written
+
+
+# ---------------------------------------------------------------------------------------------------- CLI
+
+
+@dataclasses.dataclass
+class StylizeOptions:
+    ckpt_path: str | None = None
+    input: str | None = None
+    output: str | None = None
+    style: str | None = None
+    alpha: float = 1.0
+    style_size: int = 512
+    tile: int = 512
+    overlap: int = 64
+    tile_batch: int = 4
+    thumbnail: int = 1024
+    precision: str = "32-true"
+    device: str = "auto"
+    high_bit_depth: str = "convert"
+    transparency: str = "keep"
+    overwrite: bool = True
+    progress: bool = True
+    export_dir: str | None = None
+    export_formats: str = "torchscript,onnx"
+
+
+HELP = """\
+Stylize photos with a style model trained by `python train.py experiment=style_fast` (or style_adain).
+
+Usage:
+  python stylize.py ckpt_path=RUN/checkpoints/last.ckpt input=IN output=OUT [key=value ...]
+
+  IN and OUT are an image file each, or a folder each (every image under IN is stylized into the same
+  relative path under OUT). Images of any size work: big ones are processed in overlapping tiles that
+  are blended together, using colour statistics from a small preview of the whole image, so there are
+  no visible seams and memory stays bounded (an 8K photo needs no more RAM for the network than a 2K one).
+
+Examples:
+  python stylize.py ckpt_path=outputs/2025-01-01/12-00-00/checkpoints/last.ckpt input=photo.jpg output=out.jpg
+  python stylize.py ckpt_path=RUN/checkpoints/last.ckpt input=photos/ output=stylized/ device=cuda precision=bf16-mixed
+  python stylize.py ckpt_path=ADAIN_RUN/checkpoints/last.ckpt input=photo.jpg output=out.png style=starry.jpg alpha=0.7
+  python stylize.py ckpt_path=RUN/checkpoints/last.ckpt export_dir=exported/    (TorchScript + ONNX files)
+
+Options (key=value, defaults in brackets):
+  ckpt_path       training checkpoint to load (required)
+  input, output   image file or folder (both required unless you only export)
+  style           AdaIN models only: the style image to apply (any image file)
+  alpha           AdaIN only: style strength, 0 = original content .. 1 = full style [1.0]
+  style_size      AdaIN only: the style image's shorter side is resized to this many pixels [512]
+  tile            tile side in pixels; lower it if you run out of memory [512]
+  overlap         pixels shared by neighbouring tiles, blended smoothly [64]
+  tile_batch      tiles processed together; higher is faster on a GPU, uses more memory [4]
+  thumbnail       longest side of the preview the colour statistics come from [1024]
+  precision       32-true | bf16-mixed | 16-mixed (16-mixed: GPU only in practice) [32-true]
+  device          auto | cpu | cuda | cuda:1 ... [auto]
+  high_bit_depth  convert | refuse: 16-bit images are reduced to 8-bit with a warning, or refused [convert]
+  transparency    keep | drop | refuse: PNG/WebP/TIFF keep the alpha channel of the input (the colours
+                  are stylized, the alpha is copied); JPEG cannot store it, so it is dropped with a warning [keep]
+  overwrite       true | false: replace existing output files [true]
+  progress        true | false: show progress bars [true]
+  export_dir      also write the model to this folder as stylizer.pt (TorchScript) and stylizer.onnx
+  export_formats  comma-separated subset of torchscript,onnx [torchscript,onnx]
+
+Photos are turned upright using their EXIF orientation; colour profiles are kept.
+"""
+
+
+def _convert(value: str, field: dataclasses.Field) -> Any:
+    kind = str(field.type)
+    if value.lower() in ("null", "none", "~") and "None" in kind:
+        return None
+    if kind.startswith("bool"):
+        if value.lower() in ("true", "1", "yes"):
+            return True
+        if value.lower() in ("false", "0", "no"):
+            return False
+        raise StylizeInputError(f"{field.name}={value}: expected true or false.")
+    if kind.startswith(("int", "float")):
+        try:
+            return int(value) if kind.startswith("int") else float(value)
+        except ValueError:
+            raise StylizeInputError(f"{field.name}={value}: expected a {kind.split()[0]} number.") from None
+    return value
+
+
+def parse_args(argv: Sequence[str]) -> StylizeOptions:
+    """Hydra-style `key=value` arguments (a leading `--` or `+` is tolerated) into StylizeOptions."""
+    fields = {f.name: f for f in dataclasses.fields(StylizeOptions)}
+    values: dict[str, Any] = {}
+    for argument in argv:
+        key, separator, value = argument.lstrip("-+").partition("=")
+        if not separator:
+            raise StylizeInputError(
+                f"Arguments are key=value pairs; got '{argument}'. See python stylize.py --help."
+            )
+        if key not in fields:
+            close = difflib.get_close_matches(key, fields, n=1)
+            hint = f" Did you mean {close[0]}?" if close else ""
+            raise StylizeInputError(f"Unknown option '{key}'.{hint} Options: {', '.join(fields)}.")
+        values[key] = _convert(value, fields[key])
+    return StylizeOptions(**values)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or any(a in ("-h", "--help", "help") for a in argv):
+        print(HELP)
+        return 0
+    try:
+        options = parse_args(argv)
+        if options.ckpt_path is None:
+            raise StylizeInputError("ckpt_path=... is required (a checkpoint written by train.py).")
+        if options.export_dir is None and (options.input is None or options.output is None):
+            raise StylizeInputError(
+                "input=... and output=... are required (or export_dir=... to only export)."
+            )
+        model = load_stylizer_from_checkpoint(options.ckpt_path)
+        if options.export_dir is not None:
+            from pixelsmith.style.export import export_stylizer
+
+            stylizer = prepare_stylizer(model, options.style, options.alpha, options.style_size)
+            formats = tuple(f.strip() for f in options.export_formats.split(",") if f.strip())
+            for fmt, path in export_stylizer(stylizer, options.export_dir, formats=formats).items():
+                print(f"exported {fmt}: {path}")
+        if options.input is not None and options.output is not None:
+            start = time.perf_counter()
+            written = stylize_paths(
+                model,
+                options.input,
+                options.output,
+                options.tile,
+                options.overlap,
+                options.precision,
+                options.device,
+                style=options.style,
+                alpha=options.alpha,
+                style_size=options.style_size,
+                tile_batch=options.tile_batch,
+                thumbnail=options.thumbnail,
+                high_bit_depth=options.high_bit_depth,
+                transparency=options.transparency,
+                overwrite=options.overwrite,
+                progress=options.progress,
+            )
+            print(f"wrote {len(written)} image(s) to {options.output} in {time.perf_counter() - start:.1f} s")
+    except (StylizeInputError, CheckpointFormatError, ImageReadError, FileNotFoundError) as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

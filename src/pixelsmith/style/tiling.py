@@ -1,0 +1,366 @@
+"""Tiled inference for images of any size, with instance-norm statistics taken from a whole-image thumbnail.
+
+Why: an instance-normalised stylizer computes per-channel statistics over the whole input, so stylizing tiles
+independently gives every tile its own colours and contrast (visible blocks). Following the Thumbnail Instance
+Normalization idea of URST (Chen et al., "Towards Ultra-Resolution Neural Style Transfer via Thumbnail Instance
+Normalization", AAAI 2022), we run the network once on a downscaled thumbnail of the whole image, record the
+per-channel mean/variance every InstanceNorm (and AdaIN content) layer sees, and run the tiles with those fixed
+statistics. Remaining tile-border effects (receptive field, reflection padding at tile edges) are hidden by
+overlapping tiles blended with raised-cosine ramps whose weights are normalised to sum to exactly 1.
+
+Memory: tiles are processed one tile row at a time into a float32 band (3 x tile x width) that is converted to
+uint8 and written into the preallocated uint8 output as soon as no later tile touches its rows. Beyond the uint8
+input and output (3 bytes/pixel each) memory depends on the tile size, tile batch and thumbnail size only.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager, nullcontext
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from pixelsmith.core.precision import AUTOCAST_DTYPES
+from pixelsmith.style.networks import AdaptiveInstanceNorm, channel_mean_var
+
+# Names accepted for `precision`: the training core's (32-true, bf16-mixed, 16-mixed) plus short aliases.
+PRECISION_ALIASES = {
+    **AUTOCAST_DTYPES,
+    **dict.fromkeys(("32", "fp32", "float32"), None),
+    **dict.fromkeys(("bf16", "bfloat16"), torch.bfloat16),
+    **dict.fromkeys(("16", "fp16", "float16"), torch.float16),
+}
+
+InstanceStatistics = dict[str, tuple[Tensor, Tensor]]
+
+
+def autocast_for(precision: str, device: torch.device | str):
+    """The autocast context for a precision name (fp32 -> no autocast)."""
+    if precision not in PRECISION_ALIASES:
+        raise ValueError(f"precision={precision!r} is unknown; choose one of {', '.join(PRECISION_ALIASES)}.")
+    dtype = PRECISION_ALIASES[precision]
+    device_type = torch.device(device).type
+    return nullcontext() if dtype is None else torch.autocast(device_type=device_type, dtype=dtype)
+
+
+# ----------------------------------------------------------------------------------- instance-norm statistics
+
+
+def statistic_layers(model: nn.Module) -> list[tuple[str, nn.Module]]:
+    """Layers whose output depends on per-image statistics: instance norms without running stats, and AdaIN."""
+    layers = []
+    for name, module in model.named_modules():
+        is_instance_norm = isinstance(module, nn.modules.instancenorm._InstanceNorm) and not (
+            module.track_running_stats and module.running_mean is not None
+        )
+        if is_instance_norm or isinstance(module, AdaptiveInstanceNorm):
+            layers.append((name, module))
+    return layers
+
+
+def _instance_norm_with(module: nn.Module, x: Tensor, mean: Tensor, var: Tensor) -> Tensor:
+    # Folded into one per-channel scale and shift (C-sized, float32) so a big activation is touched once and only
+    # one activation-sized tensor is allocated.
+    scale = torch.rsqrt(var + module.eps)
+    shift = -mean * scale
+    if module.affine:
+        shape = (1, -1) + (1,) * (x.dim() - 2)
+        scale = scale * module.weight.float().view(shape)
+        shift = shift * module.weight.float().view(shape) + module.bias.float().view(shape)
+    return torch.addcmul(shift.to(x.dtype), x, scale.to(x.dtype))
+
+
+def _make_forward(name: str, module: nn.Module, statistics: InstanceStatistics, record: bool) -> Callable:
+    def statistics_for(x: Tensor) -> tuple[Tensor, Tensor]:
+        if record:
+            if x.shape[0] != 1:
+                raise ValueError(
+                    f"Record statistics from one thumbnail at a time (got a batch of {x.shape[0]})."
+                )
+            statistics[name] = channel_mean_var(x)
+        elif name not in statistics:
+            raise KeyError(
+                f"No recorded statistics for layer {name!r}: record them on this same model first."
+            )
+        return statistics[name]
+
+    if isinstance(module, AdaptiveInstanceNorm):
+
+        def adain_forward(
+            content: Tensor, style_mean: Tensor, style_std: Tensor, alpha: float = 1.0
+        ) -> Tensor:
+            mean, var = statistics_for(content)
+            return module.normalize(content, mean, var, style_mean, style_std, alpha)
+
+        return adain_forward
+
+    def instance_norm_forward(x: Tensor) -> Tensor:
+        mean, var = statistics_for(x)
+        return _instance_norm_with(module, x, mean, var)
+
+    return instance_norm_forward
+
+
+@contextmanager
+def _swapped_forwards(model: nn.Module, statistics: InstanceStatistics, record: bool) -> Iterator[None]:
+    """Replace the statistic layers' forward on the instances (not the classes) and restore them on exit."""
+    layers = statistic_layers(model)
+    saved = [(module, module.__dict__.get("forward")) for _, module in layers]
+    try:
+        for name, module in layers:
+            module.forward = _make_forward(name, module, statistics, record)
+        yield
+    finally:
+        for module, previous in saved:
+            if previous is None:
+                module.__dict__.pop("forward", None)
+            else:
+                module.forward = previous
+
+
+def record_instance_norm_statistics(model: nn.Module, thumbnail: Tensor) -> InstanceStatistics:
+    """Run `model` on a (1, 3, h, w) thumbnail and return every statistic layer's float32 (mean, var).
+
+    Call inside the autocast/no-grad context the tiles will use. The recording pass normalises with the same code
+    as the frozen pass, so frozen statistics reproduce the recording pass exactly on the same input.
+    """
+    statistics: InstanceStatistics = {}
+    with _swapped_forwards(model, statistics, record=True):
+        model(thumbnail)
+    return statistics
+
+
+@contextmanager
+def frozen_instance_norm_statistics(model: nn.Module, statistics: InstanceStatistics) -> Iterator[None]:
+    """Inside: every statistic layer of `model` normalises with `statistics` instead of its input's own."""
+    with _swapped_forwards(model, statistics, record=False):
+        yield
+
+
+@contextmanager
+def thumbnail_instance_norm(model: nn.Module, thumbnail: Tensor) -> Iterator[InstanceStatistics]:
+    """Record statistics on `thumbnail`, then keep them frozen for the duration of the block."""
+    statistics = record_instance_norm_statistics(model, thumbnail)
+    with frozen_instance_norm_statistics(model, statistics):
+        yield statistics
+
+
+# ------------------------------------------------------------------------------------------------- geometry
+
+
+def round_up(value: int, multiple: int) -> int:
+    return -(-value // multiple) * multiple
+
+
+def tile_starts(length: int, tile: int, overlap: int, multiple: int = 1) -> list[int]:
+    """Tile start offsets covering [0, length): evenly spread, on multiples of `multiple` (so every tile sees the
+    network's stride grid as the whole image does), neighbours overlapping by at least `overlap`. `length` and
+    `tile` must be multiples of `multiple` (stylize_tiled pads the image virtually to ensure it)."""
+    if length % multiple or tile % multiple:
+        raise ValueError(f"length={length} and tile={tile} must be multiples of {multiple}.")
+    if length <= tile:
+        return [0]
+    stride = tile - overlap
+    if stride < multiple:
+        raise ValueError(f"overlap={overlap} leaves no room to advance a tile of {tile}px.")
+    last = length - tile
+    count = math.ceil(last / stride) + 1
+    while True:
+        starts = sorted({round(i * last / (count - 1) / multiple) * multiple for i in range(count)})
+        if all(b - a <= stride for a, b in zip(starts, starts[1:], strict=False)):
+            return starts
+        count += 1
+
+
+def raised_cosine_ramp(length: int) -> Tensor:
+    """Rising weights r(t) = sin^2(pi (t + 0.5) / (2 length)); r(t) + r(length - 1 - t) = 1, so a rising ramp and
+    the mirrored falling ramp of the neighbouring tile sum to exactly one across their shared overlap."""
+    t = torch.arange(length, dtype=torch.float64)
+    return (0.5 - 0.5 * torch.cos(math.pi * (t + 0.5) / length)).float()
+
+
+def tile_window(starts: list[int], index: int, tile: int) -> Tensor:
+    """1-D blending window of tile `index`: ramps across the overlap with each neighbour, 1 elsewhere (including at
+    the image border, where no other tile contributes)."""
+    window = torch.ones(tile)
+    start = starts[index]
+    if index > 0:
+        left = starts[index - 1] + tile - start
+        window[:left] *= raised_cosine_ramp(left)
+    if index < len(starts) - 1:
+        right = start + tile - starts[index + 1]
+        window[tile - right :] *= raised_cosine_ramp(right).flip(0)
+    return window
+
+
+def window_sum(starts: list[int], windows: list[Tensor], length: int) -> Tensor:
+    total = torch.zeros(length)
+    for start, window in zip(starts, windows, strict=True):
+        total[start : start + window.numel()] += window
+    return total
+
+
+# ------------------------------------------------------------------------------------------------ image I/O
+
+
+def _reflect_indices(start: int, size: int, limit: int) -> np.ndarray | slice:
+    """Indices start..start+size-1, reflected at `limit` like F.pad(mode="reflect") does beyond the last pixel."""
+    if start + size <= limit:
+        return slice(start, start + size)
+    index = np.arange(start, start + size)
+    return np.where(index < limit, index, 2 * (limit - 1) - index)
+
+
+def read_tile(image: np.ndarray, y: int, x: int, height: int, width: int) -> Tensor:
+    """(3, height, width) float32 in [0, 1] from an (H, W, 3) uint8 array, reflection-padded past its end."""
+    rows = _reflect_indices(y, height, image.shape[0])
+    cols = _reflect_indices(x, width, image.shape[1])
+    patch = image[rows][:, cols] if isinstance(rows, np.ndarray) else image[rows, cols]
+    return torch.from_numpy(np.array(patch)).permute(2, 0, 1).float().div_(255.0)  # np.array: a writable copy
+
+
+def make_thumbnail(image: np.ndarray, max_side: int, multiple: int = 1) -> Tensor:
+    """(1, 3, h, w) float32 thumbnail with max(h, w) ~ max_side (sides multiples of `multiple`); the whole image
+    when it is already that small. Box-averages in row bands first so a huge image is never converted to float
+    whole (a 7680x4320 float copy would be 400 MB)."""
+    height, width = image.shape[:2]
+    scale = max_side / max(height, width)
+    if scale >= 1.0:
+        return torch.from_numpy(np.array(image)).permute(2, 0, 1).unsqueeze(0).float().div_(255.0)
+    factor = max(1, int(1.0 / scale))  # box-average to just above the target size, then an antialiased resize
+    reduced_h, reduced_w = height // factor, width // factor
+    reduced = np.empty((reduced_h, reduced_w, 3), dtype=np.float32)
+    rows_per_band = max(1, 32 // factor) * factor
+    for y in range(0, reduced_h * factor, rows_per_band):
+        band = image[y : min(y + rows_per_band, reduced_h * factor), : reduced_w * factor].astype(np.float32)
+        band = band.reshape(band.shape[0] // factor, factor, reduced_w, factor, 3).mean(axis=(1, 3))
+        reduced[y // factor : y // factor + band.shape[0]] = band
+    target_h = max(multiple, round(height * scale / multiple) * multiple)
+    target_w = max(multiple, round(width * scale / multiple) * multiple)
+    tensor = torch.from_numpy(reduced).permute(2, 0, 1).unsqueeze(0).div_(255.0)
+    return F.interpolate(
+        tensor, size=(target_h, target_w), mode="bilinear", antialias=True, align_corners=False
+    )
+
+
+def to_uint8(x: Tensor) -> Tensor:
+    return x.clamp_(0.0, 1.0).mul_(255.0).round_().to(torch.uint8)
+
+
+# -------------------------------------------------------------------------------------------- tiled stylize
+
+
+@torch.inference_mode()
+def stylize_tiled(
+    model: nn.Module,
+    image: np.ndarray,
+    *,
+    tile: int = 512,
+    overlap: int = 64,
+    batch_size: int = 4,
+    thumbnail_size: int = 1024,
+    precision: str = "32-true",
+    device: str | torch.device = "cpu",
+    channels_last: bool = True,
+    thumbnail_statistics: bool = True,
+    on_tiles_done: Callable[[int, int], None] | None = None,
+) -> np.ndarray:
+    """Stylize an (H, W, 3) uint8 image of any size with overlapping tiles; returns (H, W, 3) uint8.
+
+    model: one-input stylizer, float (B, 3, h, w) in [0, 1] -> same size (TransformerNet, AdaINNet.bind_style(...)).
+      It is put in eval mode and moved to `device` (and channels_last) in place.
+    tile, overlap: tile side and minimum overlap in pixels (tile is rounded up to the model's `size_multiple`).
+    batch_size: tiles per forward pass. thumbnail_size: longest side of the statistics thumbnail; images no larger
+      than it take their statistics from the full image, exactly like whole-image inference.
+    thumbnail_statistics=False gives each tile its own statistics (the naive baseline: visible blocks).
+    on_tiles_done(done, total): progress callback after every batch.
+    """
+    if image.ndim != 3 or image.shape[2] != 3 or image.dtype != np.uint8:
+        raise ValueError(f"Expected an (H, W, 3) uint8 array, got shape {image.shape} dtype {image.dtype}.")
+    multiple = int(getattr(model, "size_multiple", 1))
+    height, width = image.shape[:2]
+    if min(height, width) < max(multiple, 2):
+        raise ValueError(
+            f"Image of {width}x{height} px is too small to stylize (minimum {max(multiple, 2)} px)."
+        )
+    if overlap < 0 or overlap >= tile:
+        raise ValueError(f"overlap={overlap} must be in [0, tile={tile}).")
+    device = torch.device(device)
+    memory_format = torch.channels_last if channels_last else torch.contiguous_format
+    model.eval().to(device=device, memory_format=memory_format)
+
+    padded_h, padded_w = round_up(height, multiple), round_up(width, multiple)
+    tile = round_up(tile, multiple)
+    tile_h, tile_w = min(tile, padded_h), min(tile, padded_w)
+    ys = tile_starts(padded_h, tile_h, overlap, multiple)
+    xs = tile_starts(padded_w, tile_w, overlap, multiple)
+    windows_y = [tile_window(ys, i, tile_h) for i in range(len(ys))]
+    windows_x = [tile_window(xs, j, tile_w) for j in range(len(xs))]
+    sum_y, sum_x = window_sum(ys, windows_y, padded_h), window_sum(xs, windows_x, padded_w)
+
+    output = np.empty((height, width, 3), dtype=np.uint8)
+    band = torch.zeros(3, tile_h, padded_w)  # float32 accumulator for the rows of the current tile row
+    total_tiles, done = len(ys) * len(xs), 0
+
+    with autocast_for(precision, device):
+        if thumbnail_statistics:
+            thumbnail = make_thumbnail(image, thumbnail_size, multiple).to(
+                device, memory_format=memory_format
+            )
+            statistics_context = thumbnail_instance_norm(model, thumbnail)
+        else:
+            statistics_context = nullcontext()
+        with statistics_context:
+            for row, y in enumerate(ys):
+                for first in range(0, len(xs), batch_size):
+                    columns = list(range(first, min(first + batch_size, len(xs))))
+                    batch = torch.stack([read_tile(image, y, xs[j], tile_h, tile_w) for j in columns])
+                    result = model(batch.to(device).contiguous(memory_format=memory_format)).float().cpu()
+                    if result.shape[-2:] != (tile_h, tile_w):
+                        raise ValueError(
+                            f"The model changed the tile size {(tile_h, tile_w)} to {result.shape[-2:]}."
+                        )
+                    for k, j in enumerate(columns):
+                        weight = windows_y[row][:, None] * windows_x[j][None, :]
+                        band[:, :, xs[j] : xs[j] + tile_w].addcmul_(result[k], weight)
+                    del batch, result
+                    done += len(columns)
+                    if on_tiles_done is not None:
+                        on_tiles_done(done, total_tiles)
+                # Rows before the next tile row's start receive no more contributions: finish and emit them.
+                finished = (ys[row + 1] - y) if row + 1 < len(ys) else tile_h
+                _emit_rows(band, output, y, min(finished, height - y), sum_y, sum_x)
+                # Carry the rows the next tile row overlaps (about `overlap` rows) to the top of the band.
+                carried = tile_h - finished
+                if carried > 0:
+                    band[:, :carried] = band[:, finished:].clone()
+                band[:, carried:] = 0.0
+    return output
+
+
+def _emit_rows(band: Tensor, output: np.ndarray, y: int, rows: int, sum_y: Tensor, sum_x: Tensor) -> None:
+    """Normalise the first `rows` band rows by the blending weights and write them to output[y : y + rows] as
+    uint8, in chunks so the float temporaries stay a few MB even for an 8K-wide band."""
+    width = output.shape[1]
+    chunk = 32
+    for start in range(0, max(rows, 0), chunk):
+        stop = min(start + chunk, rows)
+        norm = sum_y[y + start : y + stop, None] * sum_x[None, :width]
+        values = band[:, start:stop, :width] / norm
+        output[y + start : y + stop] = to_uint8(values).permute(1, 2, 0).numpy()
+
+
+@torch.inference_mode()
+def stylize_whole(
+    model: nn.Module, image: np.ndarray, precision: str = "32-true", device: str | torch.device = "cpu"
+) -> np.ndarray:
+    """Plain whole-image inference (the reference tiling is compared with): (H, W, 3) uint8 -> same."""
+    model.eval().to(device=device, memory_format=torch.channels_last)
+    x = torch.from_numpy(np.array(image)).permute(2, 0, 1).unsqueeze(0).float().div_(255.0)
+    with autocast_for(precision, device):
+        y = model(x.to(device).contiguous(memory_format=torch.channels_last)).float().cpu()
+    return to_uint8(y[0]).permute(1, 2, 0).numpy()

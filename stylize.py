@@ -1,0 +1,13 @@
+"""Stylize images with a trained Pixelsmith style model (any size, tiled): the entry point beside train.py.
+
+    python stylize.py ckpt_path=RUN/checkpoints/last.ckpt input=IN output=OUT [key=value ...]
+
+`python stylize.py --help` lists every option; the implementation is `pixelsmith.style.stylize`.
+"""
+
+import sys
+
+from pixelsmith.style.stylize import main
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,208 @@
+"""stylize.py: checkpoint contract, file/folder stylization, alpha/16-bit/EXIF handling, and the key=value CLI."""
+
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+from pixelsmith.paths import REPO_ROOT
+from pixelsmith.style.data import HighBitDepthWarning, ImageReadError, StyleImageError
+from pixelsmith.style.loss_network import LossNetworkWeightsNotFoundError
+from pixelsmith.style.networks import AdaINNet, TransformerNet
+from pixelsmith.style.stylize import (
+    CheckpointFormatError,
+    StylizeInputError,
+    load_stylizer_from_checkpoint,
+    main,
+    parse_args,
+    stylize_paths,
+)
+
+pytestmark = pytest.mark.filterwarnings(
+    "ignore::pixelsmith.style.loss_network.RandomLossNetworkWeightsWarning"
+)
+SMALL = {"base_channels": 8, "num_residual_blocks": 1}
+
+
+def photo(width: int, height: int, seed: int = 0) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    small = Image.fromarray(rng.integers(0, 256, (6, 6, 3), dtype=np.uint8))
+    return np.asarray(small.resize((width, height), Image.Resampling.BICUBIC)).copy()
+
+
+@pytest.fixture(scope="module")
+def fast_ckpt(tmp_path_factory):
+    torch.manual_seed(0)
+    net = TransformerNet(**SMALL)
+    path = tmp_path_factory.mktemp("ckpt") / "last.ckpt"
+    torch.save(
+        {
+            "state_dict": {f"stylizer.{k}": v for k, v in net.state_dict().items()},
+            "pixelsmith_config": {"model": {"_target_": "x.Module", "stylizer": dict(SMALL)}},
+        },
+        path,
+    )
+    return path, net
+
+
+def test_fast_checkpoint_round_trip(fast_ckpt):
+    path, net = fast_ckpt
+    loaded = load_stylizer_from_checkpoint(path)
+    assert isinstance(loaded, TransformerNet) and not loaded.training
+    for key, value in net.state_dict().items():
+        torch.testing.assert_close(loaded.state_dict()[key], value)
+
+
+def test_adain_checkpoint_with_and_without_stored_encoder(tmp_path, monkeypatch):
+    torch.manual_seed(0)
+    net = AdaINNet.build(pretrained=False, decoder={"width": 0.25})
+    state = {f"decoder.{k}": v for k, v in net.decoder.state_dict().items()}
+    state |= {f"encoder.{k}": v for k, v in net.encoder.state_dict().items()}
+    config = {"model": {"decoder": {"width": 0.25}, "loss_net": {"pretrained": True}}}
+    torch.save({"state_dict": state, "pixelsmith_config": config}, tmp_path / "adain.ckpt")
+    loaded = load_stylizer_from_checkpoint(tmp_path / "adain.ckpt")
+    assert isinstance(loaded, AdaINNet)
+    torch.testing.assert_close(loaded.encoder.features[0].weight, net.encoder.features[0].weight)
+    # Without encoder weights in the checkpoint the VGG19 file is needed, and its absence is explained.
+    monkeypatch.setenv("TORCH_HOME", str(tmp_path / "empty_torch_home"))
+    state = {k: v for k, v in state.items() if k.startswith("decoder.")}
+    torch.save({"state_dict": state, "pixelsmith_config": config}, tmp_path / "adain_no_encoder.ckpt")
+    with pytest.raises(LossNetworkWeightsNotFoundError, match="vgg19-dcbb9e9d.pth"):
+        load_stylizer_from_checkpoint(tmp_path / "adain_no_encoder.ckpt")
+
+
+def test_bad_checkpoints_are_explained(tmp_path):
+    torch.save({"state_dict": {"generator.w": torch.zeros(1)}}, tmp_path / "gan.ckpt")
+    with pytest.raises(CheckpointFormatError, match="stylizer.*decoder.*generator"):
+        load_stylizer_from_checkpoint(tmp_path / "gan.ckpt")
+    net = TransformerNet(**SMALL)
+    state = {f"stylizer.{k}": v for k, v in net.state_dict().items()}
+    torch.save({"state_dict": state, "pixelsmith_config": {"model": {}}}, tmp_path / "wrong_config.ckpt")
+    with pytest.raises(CheckpointFormatError, match="different architecture"):
+        load_stylizer_from_checkpoint(tmp_path / "wrong_config.ckpt")  # default 32 channels vs stored 8
+    with pytest.raises(FileNotFoundError, match="missing.ckpt"):
+        load_stylizer_from_checkpoint(tmp_path / "missing.ckpt")
+
+
+def test_file_and_folder_stylization(fast_ckpt, tmp_path):
+    _, net = fast_ckpt
+    (tmp_path / "in" / "sub").mkdir(parents=True)
+    Image.fromarray(photo(90, 70)).save(tmp_path / "in" / "a.jpg")
+    Image.fromarray(photo(64, 130, 1)).save(tmp_path / "in" / "sub" / "b.png")
+    (tmp_path / "in" / "notes.txt").write_text("not an image")
+    written = stylize_paths(net, tmp_path / "in", tmp_path / "out", tile=64, overlap=16, progress=False)
+    assert sorted(p.relative_to(tmp_path / "out").as_posix() for p in written) == ["a.jpg", "sub/b.png"]
+    assert Image.open(tmp_path / "out" / "sub" / "b.png").size == (64, 130)
+    single = stylize_paths(net, tmp_path / "in" / "a.jpg", tmp_path / "single.png", tile=64, overlap=16)
+    assert single == [tmp_path / "single.png"] and Image.open(single[0]).size == (90, 70)
+    with pytest.raises(StylizeInputError, match="must be a folder"):
+        stylize_paths(net, tmp_path / "in", tmp_path / "x.png")
+    with pytest.raises(FileNotFoundError, match="nothing_here"):
+        stylize_paths(net, tmp_path / "nothing_here", tmp_path / "out")
+
+
+def test_rgba_keeps_alpha_in_png_and_drops_it_with_a_warning_in_jpeg(fast_ckpt, tmp_path):
+    _, net = fast_ckpt
+    rgba = np.dstack([photo(48, 40), np.linspace(0, 255, 48 * 40, dtype=np.uint8).reshape(40, 48)])
+    Image.fromarray(rgba, "RGBA").save(tmp_path / "in.png")
+    stylize_paths(net, tmp_path / "in.png", tmp_path / "out.png", tile=64, overlap=16, progress=False)
+    out = Image.open(tmp_path / "out.png")
+    assert out.mode == "RGBA"
+    np.testing.assert_array_equal(np.asarray(out)[..., 3], rgba[..., 3])
+    assert not np.array_equal(np.asarray(out)[..., :3], rgba[..., :3])  # the colours were stylized
+    with pytest.warns(UserWarning, match="alpha channel was dropped"):
+        stylize_paths(net, tmp_path / "in.png", tmp_path / "out.jpg", tile=64, overlap=16, progress=False)
+    assert Image.open(tmp_path / "out.jpg").mode == "RGB"
+    with pytest.raises(ImageReadError, match="transparency=refuse"):
+        stylize_paths(net, tmp_path / "in.png", tmp_path / "o.png", transparency="refuse", progress=False)
+
+
+def test_16bit_input_and_exif_orientation(fast_ckpt, tmp_path):
+    _, net = fast_ckpt
+    Image.fromarray(photo(40, 30)[..., 0].astype(np.uint16) * 257).save(tmp_path / "deep.png")
+    with pytest.warns(HighBitDepthWarning):
+        stylize_paths(
+            net, tmp_path / "deep.png", tmp_path / "deep_out.png", tile=64, overlap=16, progress=False
+        )
+    assert Image.open(tmp_path / "deep_out.png").mode == "RGB"
+    with pytest.raises(ImageReadError, match="16-bit"):
+        stylize_paths(net, tmp_path / "deep.png", tmp_path / "x.png", high_bit_depth="refuse", progress=False)
+    exif = Image.Exif()
+    exif[0x0112] = 8  # rotate 90 CCW to display
+    Image.fromarray(photo(60, 30)).save(tmp_path / "camera.jpg", exif=exif)
+    stylize_paths(net, tmp_path / "camera.jpg", tmp_path / "upright.jpg", tile=64, overlap=16, progress=False)
+    upright = Image.open(tmp_path / "upright.jpg")
+    assert upright.size == (30, 60) and upright.getexif().get(0x0112, 1) == 1
+
+
+def test_adain_needs_a_readable_style(tmp_path):
+    torch.manual_seed(0)
+    net = AdaINNet.build(pretrained=False, decoder={"width": 0.25})
+    Image.fromarray(photo(40, 40)).save(tmp_path / "in.png")
+    with pytest.raises(StylizeInputError, match="style="):
+        stylize_paths(net, tmp_path / "in.png", tmp_path / "out.png", progress=False)
+    with pytest.raises(StyleImageError, match="missing_style.jpg"):
+        stylize_paths(net, tmp_path / "in.png", tmp_path / "out.png", style=tmp_path / "missing_style.jpg")
+    Image.fromarray(photo(50, 50, 3)).save(tmp_path / "style.png")
+    stylize_paths(net, tmp_path / "in.png", tmp_path / "out.png", style=tmp_path / "style.png", alpha=0.5)
+    assert Image.open(tmp_path / "out.png").size == (40, 40)
+
+
+def test_key_value_arguments():
+    options = parse_args(
+        ["ckpt_path=a.ckpt", "input=in", "output=out", "tile=256", "overwrite=false", "style=null"]
+    )
+    assert (options.tile, options.overwrite, options.style, options.overlap) == (256, False, None, 64)
+    with pytest.raises(StylizeInputError, match="Did you mean overlap"):
+        parse_args(["overlapp=3"])
+    with pytest.raises(StylizeInputError, match="expected a int"):
+        parse_args(["tile=big"])
+    with pytest.raises(StylizeInputError, match="key=value"):
+        parse_args(["photo.jpg"])
+
+
+def test_cli_main(fast_ckpt, tmp_path, capsys):
+    path, _ = fast_ckpt
+    Image.fromarray(photo(50, 40)).save(tmp_path / "in.jpg")
+    code = main(
+        [
+            f"ckpt_path={path}",
+            f"input={tmp_path / 'in.jpg'}",
+            f"output={tmp_path / 'o.jpg'}",
+            "tile=64",
+            "overlap=8",
+        ]
+    )
+    assert code == 0 and Image.open(tmp_path / "o.jpg").size == (50, 40)
+    assert main(["ckpt_path=nowhere.ckpt", "input=a", "output=b"]) == 2
+    assert "Checkpoint not found: nowhere.ckpt" in capsys.readouterr().err
+    assert main(["input=a", "output=b"]) == 2 and "ckpt_path=... is required" in capsys.readouterr().err
+    assert main([f"ckpt_path={path}", f"input={tmp_path / 'in.jpg'}", "output=x.jpg", "tile=64"]) == 2
+    assert "overlap=64 must be smaller than tile=64" in capsys.readouterr().err
+
+
+@pytest.mark.filterwarnings("ignore:.*torch.jit.load.* is deprecated:FutureWarning")
+def test_cli_export_flag_writes_a_checked_torchscript_file(fast_ckpt, tmp_path, capsys):
+    path, net = fast_ckpt
+    assert main([f"ckpt_path={path}", f"export_dir={tmp_path}", "export_formats=torchscript"]) == 0
+    assert "exported torchscript" in capsys.readouterr().out
+    x = torch.rand(1, 3, 36, 52)
+    with torch.inference_mode():
+        torch.testing.assert_close(torch.jit.load(str(tmp_path / "stylizer.pt"))(x), net.eval()(x))
+
+
+def test_entry_point_help_runs_as_a_script():
+    result = subprocess.run(
+        [sys.executable, str(REPO_ROOT / "stylize.py"), "--help"], capture_output=True, text=True, check=True
+    )
+    for words in (
+        "ckpt_path=RUN/checkpoints/last.ckpt input=IN output=OUT",
+        "tile",
+        "overlap",
+        "alpha",
+        "style",
+    ):
+        assert words in result.stdout
