@@ -10,6 +10,12 @@ import torch
 
 from tests.conftest import run_cli
 
+EVAL = [
+    "eval.every_n_steps=3",
+    "eval.num_samples=200",
+    "eval.reference_samples=1000",
+    "eval.metrics=[fid,pr]",
+]
 SMALL_DCGAN = [
     "model.generator.ngf=16",
     "model.discriminator.ndf=16",
@@ -32,6 +38,7 @@ def test_ddp_on_two_cpu_processes_keeps_ranks_identical_and_one_output_dir(tmp_p
             "train.checkpoint_every_n_steps=3",
             "callbacks.ddp_check.every_n_steps=3",
             *SMALL_DCGAN,
+            *EVAL,
             f"hydra.run.dir={run_dir}",
         ],
         timeout=900,
@@ -47,6 +54,25 @@ def test_ddp_on_two_cpu_processes_keeps_ranks_identical_and_one_output_dir(tmp_p
     state = torch.load(run_dir / "checkpoints" / "last.ckpt", weights_only=True)
     assert state["pixelsmith"]["iteration"] == 6
     assert state["pixelsmith"]["images_seen"] == 6 * 16 * 2  # global micro-batch 16 x accumulate 2
+
+    # Evaluation under DDP (each rank generates half, features gathered) == one process on the same checkpoint.
+    history = json.loads((run_dir / "eval_history.json").read_text())["history"]
+    assert [h["iteration"] for h in history] == [0.0, 3.0, 6.0]
+    eval_dir = tmp_path / "eval_run"
+    result = run_cli(
+        [
+            "evaluate.py",
+            f"ckpt_path={run_dir / 'checkpoints' / 'last.ckpt'}",
+            "hardware=cpu",
+            *EVAL,
+            f"hydra.run.dir={eval_dir}",
+        ]
+    )
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    single = json.loads((eval_dir / "metrics.json").read_text())["metrics"]
+    assert single["num_generated"] == history[-1]["num_generated"] == 200
+    assert single["fid"] == pytest.approx(history[-1]["fid"], rel=1e-6)
+    assert single["precision"] == pytest.approx(history[-1]["precision"], abs=1e-9)
 
 
 @pytest.mark.slow

@@ -42,10 +42,16 @@ def evaluate(cfg: DictConfig) -> dict[str, float]:
             "The composed model config differs from the checkpoint's; using the checkpoint's (%s).",
             stored.model.name,
         )
+    if cfg.precision.name == "auto" and stored.get("runtime_plan"):
+        # Evaluate in the precision the run trained (and was evaluated) in, unless told otherwise.
+        cfg = OmegaConf.merge(cfg, {"precision": {"name": stored.runtime_plan.precision}})
     plan = build_plan(cfg)
-    run_cfg = OmegaConf.merge(
-        cfg, {"model": stored.model, "data": stored.data, "augment": stored.get("augment")}
-    )
+    # Replace, not merge: the composed model node may be another architecture with other keys. A plain
+    # (schema-free) copy accepts the stored nodes whatever their shape.
+    run_cfg = OmegaConf.create(OmegaConf.to_container(cfg, resolve=True))
+    run_cfg.model = stored.model
+    run_cfg.data = stored.data
+    run_cfg.augment = stored.get("augment")
     model = build_model(run_cfg, CoreSettings(precision=plan.precision, seed=int(stored.seed)))
     model.load_state_dict(checkpoint["state_dict"])
     device = torch.device("cuda" if plan.accelerator == "cuda" else "cpu")

@@ -1,7 +1,7 @@
 """GAN evaluation during training: FID/KID/precision-recall (and IS with Inception) every N iterations.
 
-Each rank generates its share of `num_samples` images with the EMA generator from latents seeded by (seed, rank),
-so the number is reproducible and the same whatever the rank count; `GanMetrics` gathers the features across
+Each rank generates its slice of `num_samples` images with the EMA generator from one seeded set of latents, so
+the number is reproducible and the same whatever the rank count; `GanMetrics` gathers the features across
 ranks. Real statistics come from the on-disk cache (computed once per dataset, extractor, protocol and count).
 The best value and its iteration are tracked (and restored on resume); `checkpoints/best.ckpt` is rewritten
 atomically when the monitored metric improves. Iteration 0 is evaluated too, so every run shows how far it got.
@@ -61,17 +61,18 @@ def build_gan_metric(
 
 @torch.no_grad()
 def generate_into(metric: GanMetrics, pl_module, num_samples: int, batch_size: int, seed: int) -> int:
-    """Feed this rank's share of `num_samples` generated images into `metric`; returns how many it generated."""
+    """Feed this rank's share of `num_samples` generated images into `metric`; returns how many it generated.
+
+    The latents of all `num_samples` images are drawn from one generator seeded by `seed`, and rank r takes the
+    r-th contiguous slice: the gathered set, in order, is the same for any number of processes, so a 2-process
+    evaluation gives the number a single process gives.
+    """
     world, rank = pl_module.world_size, pl_module.global_rank
-    share = num_samples // world + (1 if rank < num_samples % world else 0)
-    generator = torch.Generator().manual_seed(seed * 1_000_003 + rank)
-    done = 0
-    while done < share:
-        n = min(batch_size, share - done)
-        z = torch.randn(n, pl_module.z_dim, generator=generator)
+    latents = torch.randn(num_samples, pl_module.z_dim, generator=torch.Generator().manual_seed(seed))
+    share = latents.tensor_split(world)[rank]
+    for z in share.split(batch_size):
         metric.update(pl_module.generate(z))
-        done += n
-    return share
+    return share.shape[0]
 
 
 class GANEvaluation(Callback):

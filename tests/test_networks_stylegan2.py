@@ -1,0 +1,343 @@
+"""Tests for the StyleGAN2 generator and discriminator (src/pixelsmith/gan/networks/stylegan2.py).
+
+All on CPU with small channel counts; the whole file runs in well under 30 s on 2 cores.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from pixelsmith.gan.networks.stylegan2 import (
+    ModulatedConv2d,
+    StyleGAN2Discriminator,
+    StyleGAN2Generator,
+    channels_at_resolution,
+    minibatch_stddev,
+)
+
+TINY = {"channel_base": 256, "channel_max": 32}
+
+
+@pytest.fixture(autouse=True)
+def _seed_and_threads():
+    torch.manual_seed(0)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # the tensors are tiny: threading overhead would dominate
+    yield
+    torch.set_num_threads(threads)
+
+
+def tiny_pair(resolution: int = 32, channels: int = 1, **kwargs):
+    generator = StyleGAN2Generator(
+        resolution=resolution, channels=channels, z_dim=32, w_dim=32, mapping_layers=2, **TINY, **kwargs
+    )
+    discriminator = StyleGAN2Discriminator(resolution=resolution, channels=channels, **TINY, **kwargs)
+    return generator, discriminator
+
+
+@pytest.mark.parametrize("channels", [1, 3])
+@pytest.mark.parametrize("resolution", [32, 64, 128])
+def test_output_shapes_and_dtypes(resolution: int, channels: int):
+    generator, discriminator = tiny_pair(resolution, channels)
+    images = generator(torch.randn(3, generator.z_dim))
+    assert images.shape == (3, channels, resolution, resolution)
+    assert images.dtype == torch.float32
+    assert torch.isfinite(images).all()
+    # Roughly unit scale at init (no tanh, but demodulation keeps activations normalised).
+    assert 0.05 < images.std().item() < 10.0
+    logits = discriminator(images)
+    assert logits.shape == (3,)
+    assert logits.dtype == torch.float32
+    assert torch.isfinite(logits).all()
+
+
+def test_resolution_256_shapes_with_tiny_channels():
+    generator = StyleGAN2Generator(
+        resolution=256, channels=3, z_dim=16, w_dim=16, channel_base=512, channel_max=8
+    )
+    discriminator = StyleGAN2Discriminator(resolution=256, channels=3, channel_base=512, channel_max=8)
+    with torch.no_grad():
+        images = generator(torch.randn(1, 16))
+        assert images.shape == (1, 3, 256, 256)
+        assert discriminator(images).shape == (1,)
+
+
+def test_channel_counts_follow_channel_base_over_resolution():
+    generator = StyleGAN2Generator(resolution=64, channel_base=1024, channel_max=128)
+    discriminator = StyleGAN2Discriminator(resolution=64, channel_base=1024, channel_max=128)
+    expected = [128, 128, 64, 32, 16]  # at 4, 8, 16, 32, 64: min(1024 // res, 128)
+    assert [channels_at_resolution(r, 1024, 128) for r in (4, 8, 16, 32, 64)] == expected
+    assert [block.conv1.conv.weight.shape[0] for block in generator.synthesis.blocks] == expected
+    assert discriminator.from_image.weight.shape[0] == 16
+    assert [block.conv1.weight.shape[0] for block in discriminator.blocks] == [32, 64, 128, 128]
+
+
+@pytest.mark.parametrize("resolution", [8, 24, 48])
+def test_invalid_resolution_is_rejected(resolution: int):
+    with pytest.raises(ValueError, match="power of two"):
+        StyleGAN2Generator(resolution=resolution)
+    with pytest.raises(ValueError, match="power of two"):
+        StyleGAN2Discriminator(resolution=resolution)
+
+
+def reference_modulated_conv(x, weight, styles, demodulate, upsample):
+    """The paper's formulation: one demodulated weight per sample, applied with a grouped convolution."""
+    batch, in_channels = x.shape[:2]
+    per_sample = weight[None] * styles[:, None, :, None, None]
+    if demodulate:
+        per_sample = per_sample * torch.rsqrt(per_sample.square().sum(dim=(2, 3, 4), keepdim=True) + 1e-8)
+    if upsample:
+        x = F.interpolate(x, scale_factor=2.0, mode="bilinear", align_corners=False)
+    kernel = weight.shape[-1]
+    out = F.conv2d(
+        x.reshape(1, batch * in_channels, *x.shape[2:]),
+        per_sample.reshape(-1, in_channels, kernel, kernel),
+        padding=kernel // 2,
+        groups=batch,
+    )
+    return out.reshape(batch, -1, *out.shape[2:])
+
+
+@pytest.mark.parametrize(
+    ("kernel", "demodulate", "upsample"), [(3, True, False), (3, True, True), (1, False, False)]
+)
+def test_modulated_conv_matches_per_sample_weight_formulation(kernel: int, demodulate: bool, upsample: bool):
+    layer = ModulatedConv2d(6, 5, kernel, w_dim=7, demodulate=demodulate, upsample=upsample).double()
+    x = torch.randn(4, 6, 8, 8, dtype=torch.float64)
+    w = torch.randn(4, 7, dtype=torch.float64)
+    styles = layer.affine(w)
+    expected = reference_modulated_conv(x, layer.weight * layer.weight_gain, styles, demodulate, upsample)
+    torch.testing.assert_close(layer(x, w), expected, rtol=1e-9, atol=1e-9)
+
+
+def test_w_avg_tracks_training_mode_and_truncation_psi_zero_collapses_to_it():
+    generator = StyleGAN2Generator(**TINY, z_dim=32, w_dim=32, mapping_layers=2, use_noise=False)
+    assert torch.count_nonzero(generator.mapping.w_avg) == 0
+
+    generator.train()
+    z = torch.randn(16, 32)
+    with torch.no_grad():
+        w = generator.mapping(z)
+    torch.testing.assert_close(generator.mapping.w_avg, (1 - 0.995) * w.mean(dim=0))
+    for _ in range(3):
+        generator(torch.randn(16, 32))
+    w_avg = generator.mapping.w_avg.clone()
+    assert w_avg.abs().sum() > 0
+
+    generator.eval()
+    with torch.no_grad():
+        w_truncated = generator.mapping(torch.randn(5, 32), truncation_psi=0.0)
+        images_a = generator(torch.randn(4, 32), truncation_psi=0.0)
+        images_b = generator(torch.randn(4, 32), truncation_psi=0.0)
+        images_free = generator(torch.randn(4, 32))
+    torch.testing.assert_close(generator.mapping.w_avg, w_avg, rtol=0, atol=0)  # no update in eval mode
+    torch.testing.assert_close(w_truncated, w_avg.expand(5, -1), rtol=0, atol=0)
+    torch.testing.assert_close(images_a, images_b, rtol=0, atol=0)
+    torch.testing.assert_close(images_a, images_a[:1].expand_as(images_a), rtol=0, atol=0)
+    assert (images_free - images_free[:1]).abs().amax() > 1e-3  # without truncation, z matters
+
+
+def test_gradients_reach_every_generator_parameter_through_the_discriminator_loss():
+    generator, discriminator = tiny_pair()
+    generator_loss = F.softplus(-discriminator(generator(torch.randn(4, generator.z_dim)))).mean()
+    generator_loss.backward()
+    for name, parameter in generator.named_parameters():
+        assert parameter.grad is not None, name
+        assert torch.isfinite(parameter.grad).all(), name
+        assert parameter.grad.abs().sum() > 0, name
+
+    discriminator.zero_grad()
+    real = torch.randn(4, 1, 32, 32)
+    fake = generator(torch.randn(4, generator.z_dim)).detach()
+    discriminator_loss = F.softplus(-discriminator(real)).mean() + F.softplus(discriminator(fake)).mean()
+    discriminator_loss.backward()
+    for name, parameter in discriminator.named_parameters():
+        assert parameter.grad is not None, name
+        assert parameter.grad.abs().sum() > 0, name
+
+
+def r1_penalty_and_grads(discriminator, real):
+    real = real.detach().clone().requires_grad_(True)
+    (gradient,) = torch.autograd.grad(discriminator(real).sum(), real, create_graph=True)
+    penalty = gradient.square().sum(dim=(1, 2, 3)).mean()
+    discriminator.zero_grad()
+    penalty.backward()
+    return penalty.detach(), {name: p.grad for name, p in discriminator.named_parameters()}
+
+
+@pytest.mark.parametrize("batch", [1, 5, 8])
+def test_r1_double_backward_reaches_discriminator_weights(batch: int):
+    _, discriminator = tiny_pair()
+    penalty, grads = r1_penalty_and_grads(discriminator, torch.randn(batch, 1, 32, 32))
+    assert penalty > 0
+    # The output bias shifts the logit but not its gradient w.r.t. the input, so R1 cannot depend on it.
+    assert grads.pop("out.bias") is None
+    for name, grad in grads.items():
+        assert grad is not None, name
+        assert torch.isfinite(grad).all(), name
+        # Biases reach dD/dx only through second derivatives, which are zero for (leaky) ReLU; they get an
+        # R1 gradient only through the minibatch-std layer, so only before it and only when it groups >1 samples
+        # (batch 1 and the prime batch 5 fall back to groups of one).
+        must_be_nonzero = name.endswith("weight") or (batch == 8 and not name.startswith(("epilogue", "out")))
+        assert (grad.abs().sum() > 0) == must_be_nonzero, name
+
+
+@pytest.mark.parametrize(
+    ("batch", "group_size", "expected_group"), [(8, 4, 4), (6, 4, 3), (7, 4, 1), (1, 4, 1), (2, 4, 2)]
+)
+def test_minibatch_stddev_groups_fall_back_to_a_divisor(batch: int, group_size: int, expected_group: int):
+    x = torch.randn(batch, 3, 4, 4, dtype=torch.float64)
+    out = minibatch_stddev(x, group_size)
+    assert out.shape == (batch, 4, 4, 4)
+    torch.testing.assert_close(out[:, :3], x)
+    groups = x.reshape(expected_group, batch // expected_group, 3, 4, 4)
+    std = (groups.var(dim=0, unbiased=False) + 1e-8).sqrt().mean(dim=(1, 2, 3))
+    for sample in range(batch):
+        expected = std[sample % (batch // expected_group)].expand(4, 4)
+        torch.testing.assert_close(out[sample, 3], expected)
+
+
+def test_discriminator_accepts_channels_last_inputs():
+    _, discriminator = tiny_pair(channels=3)
+    images = torch.randn(4, 3, 32, 32)
+    logits = discriminator(images)
+    logits_cl = discriminator(images.contiguous(memory_format=torch.channels_last))
+    torch.testing.assert_close(logits_cl, logits, rtol=1e-4, atol=1e-4)
+
+
+def test_bf16_autocast_forward_and_backward_are_finite():
+    generator, discriminator = tiny_pair(channels=3)
+    with torch.autocast(device_type="cpu", dtype=torch.bfloat16):
+        images = generator(torch.randn(4, generator.z_dim))
+        logits = discriminator(images.contiguous(memory_format=torch.channels_last))
+    assert images.dtype == torch.float32 and logits.dtype == torch.float32
+    assert torch.isfinite(images).all() and torch.isfinite(logits).all()
+    z = torch.randn(4, generator.z_dim)
+    with torch.no_grad():
+        reference_images = generator(z)
+        with torch.autocast(device_type="cpu", dtype=torch.bfloat16):
+            bf16_images = generator(z)
+    # Noise is random per call, so compare statistics rather than pixels.
+    assert abs(bf16_images.std().item() - reference_images.std().item()) < 0.2 * reference_images.std().item()
+    F.softplus(-logits).mean().backward()
+    for name, parameter in [*generator.named_parameters(), *discriminator.named_parameters()]:
+        assert parameter.grad is not None and torch.isfinite(parameter.grad).all(), name
+
+    real = torch.randn(4, 3, 32, 32, requires_grad=True)
+    with torch.autocast(device_type="cpu", dtype=torch.bfloat16):
+        real_logits = discriminator(real)
+    (gradient,) = torch.autograd.grad(real_logits.sum(), real, create_graph=True)
+    discriminator.zero_grad()
+    gradient.square().sum().backward()
+    assert gradient.abs().sum() > 0
+    for name, parameter in discriminator.named_parameters():
+        assert parameter.grad is None or torch.isfinite(parameter.grad).all(), name
+
+
+def saved_activation_bytes(fn):
+    """Bytes of distinct storages that autograd keeps for the backward pass while running fn()."""
+    storages: dict[int, int] = {}
+
+    def pack(tensor):
+        storages[tensor.untyped_storage().data_ptr()] = tensor.untyped_storage().nbytes()
+        return tensor
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
+        out = fn()
+    return out, sum(storages.values())
+
+
+def test_gradient_checkpointing_gives_identical_results_with_less_saved_memory():
+    kwargs = {"resolution": 64, "channels": 3, "channel_base": 512, "channel_max": 32}
+    generator = StyleGAN2Generator(**kwargs, z_dim=32, w_dim=32, mapping_layers=2)
+    discriminator = StyleGAN2Discriminator(**kwargs)
+    generator_ckpt = StyleGAN2Generator(
+        **kwargs, z_dim=32, w_dim=32, mapping_layers=2, gradient_checkpointing=True
+    )
+    discriminator_ckpt = StyleGAN2Discriminator(**kwargs, gradient_checkpointing=True)
+    generator_ckpt.load_state_dict(generator.state_dict())
+    discriminator_ckpt.load_state_dict(discriminator.state_dict())
+    z = torch.randn(4, 32)
+
+    results = []
+    for gen, disc in [(generator, discriminator), (generator_ckpt, discriminator_ckpt)]:
+        torch.manual_seed(1)  # same noise draws; checkpointing must replay them identically on recompute
+        images, generator_bytes = saved_activation_bytes(lambda gen=gen: gen(z))
+        logits, discriminator_bytes = saved_activation_bytes(lambda disc=disc, images=images: disc(images))
+        F.softplus(-logits).mean().backward()
+        grads = {f"G.{n}": p.grad.clone() for n, p in gen.named_parameters()}
+        grads |= {f"D.{n}": p.grad.clone() for n, p in disc.named_parameters()}
+        penalty, r1_grads = r1_penalty_and_grads(disc, images)
+        results.append((images, logits, grads, penalty, r1_grads, generator_bytes, discriminator_bytes))
+
+    plain, ckpt = results
+    torch.testing.assert_close(ckpt[0], plain[0], rtol=0, atol=0)
+    torch.testing.assert_close(ckpt[1], plain[1], rtol=0, atol=0)
+    torch.testing.assert_close(ckpt[2], plain[2], rtol=1e-5, atol=1e-7)
+    torch.testing.assert_close(ckpt[3], plain[3], rtol=1e-5, atol=1e-7)
+    torch.testing.assert_close(ckpt[4], plain[4], rtol=1e-5, atol=1e-7)
+    assert ckpt[5] < 0.25 * plain[5], (ckpt[5], plain[5])  # generator: only block inputs are kept
+    assert ckpt[6] < 0.5 * plain[6], (ckpt[6], plain[6])  # discriminator: fromRGB output still kept
+
+
+def gaussian_blobs(count: int = 8, resolution: int = 32) -> torch.Tensor:
+    """Fixed 'dataset': one bright blob per image at a random position, in [-1, 1]."""
+    generator = torch.Generator().manual_seed(123)
+    yy, xx = torch.meshgrid(torch.arange(float(resolution)), torch.arange(float(resolution)), indexing="ij")
+    centers = torch.rand(count, 2, generator=generator) * (resolution / 2) + resolution / 4
+    squared_distance = (yy - centers[:, 0, None, None]) ** 2 + (xx - centers[:, 1, None, None]) ** 2
+    return (torch.exp(-squared_distance / 20) * 2 - 1)[:, None]
+
+
+def test_tiny_pair_fits_a_single_batch():
+    generator, discriminator = tiny_pair()
+    untrained_generator = copy.deepcopy(generator)
+    real = gaussian_blobs()
+    z = torch.randn(8, generator.z_dim)
+    adam = {"lr": 2e-3, "betas": (0.0, 0.99)}
+    generator_opt = torch.optim.Adam(generator.parameters(), **adam)
+    discriminator_opt = torch.optim.Adam(discriminator.parameters(), **adam)
+
+    def distances_to_real(gen):
+        with torch.no_grad():
+            fake = gen(z)
+        mean_image_gap = (fake.mean(dim=0) - real.mean(dim=0)).square().mean().item()
+        nearest_real = torch.cdist(fake.flatten(1), real.flatten(1)).min(dim=1).values.mean().item()
+        return mean_image_gap, nearest_real, fake
+
+    for _ in range(30):
+        fake = generator(z)
+        discriminator_loss = (
+            F.softplus(-discriminator(real)).mean() + F.softplus(discriminator(fake.detach())).mean()
+        )
+        discriminator_opt.zero_grad()
+        discriminator_loss.backward()
+        discriminator_opt.step()
+        generator_loss = F.softplus(-discriminator(fake)).mean()
+        generator_opt.zero_grad()
+        generator_loss.backward()
+        generator_opt.step()
+
+    gap_before, nearest_before, _ = distances_to_real(untrained_generator)
+    gap_after, nearest_after, fake = distances_to_real(generator)
+    # Over 6 seeds: mean-image gap shrank 15-40x and the nearest-real distance 2.3-4.2x.
+    assert gap_after < gap_before / 5, (gap_before, gap_after)
+    assert nearest_after < nearest_before / 1.5, (nearest_before, nearest_after)
+    assert math.isfinite(generator_loss.item()) and math.isfinite(discriminator_loss.item())
+
+    # A fresh discriminator overfits the fixed real/fake split: its loss falls from ~log(4) to well below it.
+    fresh_discriminator = StyleGAN2Discriminator(resolution=32, channels=1, **TINY)
+    fresh_opt = torch.optim.Adam(fresh_discriminator.parameters(), **adam)
+    losses = []
+    for _ in range(30):
+        loss = F.softplus(-fresh_discriminator(real)).mean() + F.softplus(fresh_discriminator(fake)).mean()
+        fresh_opt.zero_grad()
+        loss.backward()
+        fresh_opt.step()
+        losses.append(loss.item())
+    assert losses[0] > 1.0 and losses[-1] < 0.9, losses
