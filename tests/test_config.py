@@ -143,10 +143,18 @@ def test_explicit_precision_wins_over_profile_default(tmp_path):
         assert build_plan(cfg).precision == "32-true"
 
 
-def test_fsdp_on_cpu_names_ddp(tmp_path):
+def test_fsdp_on_cpu_runs_over_gloo_and_says_it_is_for_testing(tmp_path, caplog):
+    with caplog.at_level("INFO", logger="pixelsmith.hardware"):
+        plan = build_plan(compose_config(["hardware=cpu", "strategy=fsdp", "hardware.devices=2"], tmp_path))
+    assert (plan.strategy, plan.process_group_backend, plan.devices) == ("fsdp", "gloo", 2)
+    assert "FSDP saves memory only on GPUs" in caplog.text and "strategy=ddp" in caplog.text
+
+
+def test_nccl_on_cpu_names_the_fix(tmp_path):
+    cfg = compose_config(["hardware=cpu", "strategy=fsdp", "strategy.process_group_backend=nccl"], tmp_path)
     with pytest.raises(HardwareError) as err:
-        build_plan(compose_config(["hardware=cpu", "strategy=fsdp"], tmp_path))
-    assert "strategy=ddp" in str(err.value)
+        build_plan(cfg)
+    assert "process_group_backend=nccl needs CUDA" in str(err.value) and "gloo" in str(err.value)
 
 
 def test_unknown_precision_lists_choices(tmp_path):

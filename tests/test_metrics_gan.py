@@ -120,9 +120,7 @@ def test_missing_inception_weights_names_file_directory_key_and_source(
     assert f"`{INCEPTION_WEIGHTS_CONFIG_KEY}" in message
     assert "https://github.com/mseitzer/pytorch-fid/releases/download/fid_weights/" in message
 
-    with pytest.raises(
-        MissingWeightsError, match=r"metrics\.inception_weights=/nowhere/inception\.pth` does not"
-    ):
+    with pytest.raises(MissingWeightsError, match=r"eval\.weights_path=/nowhere/inception\.pth` does not"):
         InceptionFeatureExtractor(weights_path="/nowhere/inception.pth")
 
 

@@ -68,6 +68,7 @@ def evaluate(cfg: DictConfig) -> dict[str, float]:
         ev.cache_dir,
         device,
         ev.seed,
+        ev.num_samples,
     )
     generate_into(metric, model, ev.num_samples, ev.batch_size, ev.seed)
     scores = metric.compute()

@@ -3,7 +3,7 @@
 Resolution order for every setting: the profile YAML (`conf/hardware/<name>.yaml`, or the detected one for
 `hardware=auto`), then any non-null `hardware.*` key given by the user. Precision: an explicit `precision=...`
 wins over the profile's default. Impossible requests (a CUDA profile with no CUDA device, bf16 on a GPU without
-native bf16, FSDP on CPU) stop here, before any data is read or any output is written.
+native bf16, NCCL without a GPU) stop here, before any data is read or any output is written.
 """
 
 from __future__ import annotations
@@ -144,10 +144,16 @@ def resolve_plan(
 
     if strategy not in STRATEGIES:
         raise HardwareError(f"strategy={strategy!r} is unknown; choose one of {', '.join(STRATEGIES)}.")
-    if strategy == "fsdp" and accelerator != "cuda":
+    if process_group_backend == "nccl" and accelerator != "cuda":
         raise HardwareError(
-            "strategy=fsdp shards parameters across GPUs and needs CUDA devices (Lightning refuses a CPU "
-            "accelerator for FSDP). On CPU use strategy=ddp (several processes over gloo) or strategy=auto."
+            f"strategy.process_group_backend=nccl needs CUDA GPUs, but hardware={requested} runs on the CPU. "
+            "Leave strategy.process_group_backend unset (gloo on CPU, nccl on GPUs) or set it to gloo."
+        )
+    if strategy == "fsdp" and accelerator != "cuda":
+        # Pixelsmith's own FSDP2 strategy runs over gloo (Lightning's FSDPStrategy would refuse a CPU).
+        log.info(
+            "strategy=fsdp on CPU (gloo): this runs the sharded code path for testing; FSDP saves memory only on "
+            "GPUs. For speed on CPU use strategy=ddp."
         )
     devices = profile.devices or 1
     if devices < 1:
@@ -159,6 +165,11 @@ def resolve_plan(
         )
     if devices > 1 and strategy == "auto":
         strategy = "ddp"
+    if strategy == "fsdp" and devices * profile.num_nodes == 1:
+        log.warning(
+            "strategy=fsdp with one process shards nothing (each rank would hold 1/1 of the weights); "
+            "set hardware.devices=N for N GPUs."
+        )
 
     return RuntimePlan(
         profile=profile_name,

@@ -20,10 +20,13 @@ from lightning.pytorch.callbacks import ProgressBar
 from omegaconf import DictConfig, OmegaConf
 
 from pixelsmith.config.schema import ScheduleConfig
+from pixelsmith.core.fsdp import MultiNetworkFSDPStrategy
 from pixelsmith.core.module import CoreSettings
 from pixelsmith.core.strategy import MultiNetworkDDPStrategy
 from pixelsmith.errors import PixelsmithError
 from pixelsmith.hardware import RuntimePlan, apply_backend_settings, resolve_plan
+from pixelsmith.perf import build_callbacks as build_perf_callbacks
+from pixelsmith.perf import prepare_run as prepare_perf
 
 log = logging.getLogger(__name__)
 
@@ -105,17 +108,15 @@ def build_model(cfg: DictConfig, core: CoreSettings) -> L.LightningModule:
 
 
 def build_strategy(plan: RuntimePlan, cfg: DictConfig):
-    if plan.strategy == "ddp":
-        from datetime import timedelta
+    from datetime import timedelta
 
-        return MultiNetworkDDPStrategy(
+    # Both without Lightning's wrappers: DDP all-reduces per optimizer step, FSDP2 shards each network
+    # (core/strategy.py, core/fsdp.py); Lightning's own FSDPStrategy refuses two optimizers (#19685).
+    kinds = {"ddp": MultiNetworkDDPStrategy, "fsdp": MultiNetworkFSDPStrategy}
+    if plan.strategy in kinds:
+        return kinds[plan.strategy](
             process_group_backend=plan.process_group_backend,
             timeout=timedelta(minutes=cfg.strategy.timeout_minutes),
-        )
-    if plan.strategy == "fsdp":
-        raise PixelsmithError(
-            "strategy=fsdp with two optimizers and manual optimization is not supported by Lightning's FSDPStrategy "
-            "(Lightning #19685) and Pixelsmith has no per-network FSDP2 strategy yet. Use strategy=ddp."
         )
     return "auto"
 
@@ -127,7 +128,7 @@ def _instantiate_group(node: DictConfig | None) -> list:
 
 
 def build_trainer(cfg: DictConfig, plan: RuntimePlan) -> L.Trainer:
-    callbacks = _instantiate_group(cfg.get("callbacks"))
+    callbacks = _instantiate_group(cfg.get("callbacks")) + build_perf_callbacks(cfg)
     if not cfg.train.progress_bar:
         callbacks = [c for c in callbacks if not isinstance(c, ProgressBar)]
     return L.Trainer(
@@ -179,11 +180,13 @@ def run(cfg: DictConfig) -> dict[str, Any]:
     plan = build_plan(cfg)
     ckpt_path = _check_resume_path(cfg.get("ckpt_path"))
     apply_backend_settings(plan)
+    perf = prepare_perf(cfg, plan)  # memory switches; auto batch size may rewrite cfg.data.batch_size
     L.seed_everything(cfg.seed, workers=True, verbose=False)
     output_dir = Path(cfg.paths.output_dir)
     core = build_core_settings(cfg, plan)
     datamodule = build_datamodule(cfg, plan)
     model = build_model(cfg, core)
+    model.optimizer_impl = perf.optimizer_impl  # read by TrainingCore.configure_optimizers
     trainer = build_trainer(cfg, plan)
     if trainer.is_global_zero:
         output_dir.mkdir(parents=True, exist_ok=True)

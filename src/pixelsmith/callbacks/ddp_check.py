@@ -3,7 +3,11 @@
 Every `every_n_steps` iterations and at the end, each rank's parameters and buffers are all-gathered and compared
 with rank 0's; the largest absolute difference and the gradient all-reduce count are written to
 `<run>/ddp_consistency.json`, and a difference above `tolerance` stops the run (ranks silently diverging is the
-failure that otherwise shows up only as a worse FID days later). Enabled by `debug=ddp`.
+failure that otherwise shows up only as a worse FID days later). Enabled by `debug=ddp` and `debug=fsdp`.
+
+Under FSDP a sharded parameter (DTensor) is gathered into its full tensor first (a collective, in the same order on
+every rank); it is identical on all ranks by construction, so what this catches there is drift of everything FSDP
+does not shard: buffers such as BatchNorm statistics, unsharded parameters, fixed latents.
 """
 
 from __future__ import annotations
@@ -13,6 +17,7 @@ from pathlib import Path
 
 import torch
 from lightning.pytorch.callbacks import Callback
+from torch.distributed.tensor import DTensor
 
 from pixelsmith.errors import PixelsmithError
 
@@ -27,7 +32,7 @@ class DDPConsistencyCheck(Callback):
         if trainer.world_size <= 1:
             return
         named = [
-            (k, t.detach().float().reshape(-1))
+            (k, (t.full_tensor() if isinstance(t, DTensor) else t).detach().float().reshape(-1))
             for k, t in pl_module.state_dict().items()
             if torch.is_tensor(t)
         ]

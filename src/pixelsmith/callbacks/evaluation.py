@@ -34,6 +34,7 @@ def build_gan_metric(
     cache_dir: str | None,
     device: torch.device,
     seed: int = 0,
+    num_generated: int | None = None,
 ) -> GanMetrics:
     """The metric object for a datamodule that provides `reference_source(seed)`; shared with evaluate.py."""
     extractor = extractor or getattr(datamodule, "default_extractor", "inception")
@@ -54,9 +55,9 @@ def build_gan_metric(
         keep_features=bool({"kid", "pr"} & set(metrics)),
     )
     wanted = [m for m in metrics if m != "is" or feature_extractor.num_logits is not None]
-    return GanMetrics(feature_extractor, reference, metrics=wanted, kid_subset_size=min(1000, count)).to(
-        device
-    )
+    return GanMetrics(
+        feature_extractor, reference, metrics=wanted, kid_subset_size=min(1000, count, num_generated or count)
+    ).to(device)
 
 
 @torch.no_grad()
@@ -127,6 +128,7 @@ class GANEvaluation(Callback):
                 self.cache_dir,
                 pl_module.device,
                 self.seed,
+                self.num_samples,
             )
 
     def _is_better(self, value: float) -> bool:

@@ -41,6 +41,9 @@ class HardwareConfig:
     num_workers: int | None = None
     pin_memory: bool | None = None
     batch_size: int | None = None
+    optimizer_impl: str | None = None  # Adam implementation: auto | fused | foreach | for_loop
+    memory_fraction: float | None = None  # CUDA: torch.cuda.set_per_process_memory_fraction (0, 1]
+    cuda_alloc_conf: str | None = None  # CUDA: PYTORCH_CUDA_ALLOC_CONF, e.g. "expandable_segments:True"
 
 
 @dataclass
@@ -70,6 +73,7 @@ class DataConfig:
     extensions: list[str] = field(default_factory=lambda: ["jpg", "jpeg", "png", "webp"])
     on_corrupt: str = "skip"  # skip (warn and count) | error
     limit: int | None = None  # use only the first N items (debugging)
+    resize_shorter: int | None = None  # style content: shorter side before the random crop; None = resolution
 
 
 @dataclass
@@ -111,6 +115,82 @@ class GANModelConfig:
 
 
 @dataclass
+class LossNetConfig:
+    """The frozen VGG of a style model: torchvision weights from $TORCH_HOME/hub/checkpoints/ or `weights_path`."""
+
+    arch: str = "vgg16"  # vgg16 (Johnson) | vgg19 (AdaIN: always vgg19)
+    pretrained: bool = True  # false: random weights with a loud warning (tests, offline smoke runs)
+    weights_path: str | None = None  # explicit torchvision VGG .pth file
+
+
+@dataclass
+class StyleValidationConfig:
+    """Fixed content/style pairs for sample grids and validation metrics (pixelsmith.callbacks.style_validation)."""
+
+    num_pairs: int = (
+        4  # content images (the first N of content_dir, sorted), each paired with a style in turn
+    )
+    size: int = 256  # shorter side resize + center crop of the validation content
+    content_dir: str | None = None  # None = the embedded content images (data/style/content)
+    lpips: bool = True  # content LPIPS; needs the backbone weights file (same rule as the VGG loss network)
+    lpips_net: str = (
+        "vgg"  # alex | vgg | squeeze; vgg reads vgg16-397923af.pth, the fast model's loss-net file
+    )
+    lpips_weights: str | None = None  # explicit LPIPS backbone file; else $TORCH_HOME/hub/checkpoints/
+
+
+@dataclass
+class TransformerNetConfig:
+    base_channels: int = 32
+    num_residual_blocks: int = 5
+    output_activation: str = "sigmoid"  # sigmoid | none
+
+
+@dataclass
+class AdaINDecoderConfig:
+    width: float = 1.0  # channel multiplier of the VGG19-mirror decoder (1.0 = the paper's)
+
+
+@dataclass
+class StyleModelConfig:
+    """Fields shared by the style-transfer models (pixelsmith.style.module)."""
+
+    _target_: str = MISSING
+    name: str = MISSING
+    style_images: Any = None  # one path or a list of paths; None = every image in data/style/styles
+    style_size: int = 256  # shorter side the style images are resized to
+    loss_net: LossNetConfig = field(default_factory=LossNetConfig)
+    content_weight: float = 1.0
+    style_weight: float = 1.0e5
+    optimizer: OptimizerConfig = field(default_factory=lambda: OptimizerConfig(lr=1e-3, betas=[0.9, 0.999]))
+    validation: StyleValidationConfig = field(default_factory=StyleValidationConfig)
+
+
+@dataclass
+class FastStyleModelConfig(StyleModelConfig):
+    """Johnson's feed-forward stylizer for the style(s) in `style_images` (several are averaged into one)."""
+
+    _target_: str = "pixelsmith.style.module.FastStyleModule"
+    stylizer: TransformerNetConfig = field(default_factory=TransformerNetConfig)
+    content_layers: list[str] = field(default_factory=lambda: ["relu2_2"])
+    style_layers: list[str] | None = (
+        None  # None = the arch's four (vgg16: relu1_2, relu2_2, relu3_3, relu4_3)
+    )
+    tv_weight: float = 0.0
+
+
+@dataclass
+class AdaINModelConfig(StyleModelConfig):
+    """AdaIN: a decoder for a frozen VGG19 encoder; each content crop is paired with a random style each step."""
+
+    _target_: str = "pixelsmith.style.module.AdaINModule"
+    decoder: AdaINDecoderConfig = field(default_factory=AdaINDecoderConfig)
+    style_crop: int | None = None  # side of the random style crops; None = the content crop (data.resolution)
+    style_weight: float = 10.0
+    optimizer: OptimizerConfig = field(default_factory=lambda: OptimizerConfig(lr=1e-4, betas=[0.9, 0.999]))
+
+
+@dataclass
 class TrainLoopConfig:
     """Loop settings shared by every model: clipping, non-finite guard, logging, samples, checkpoints."""
 
@@ -128,6 +208,60 @@ class PathsConfig:
     root_dir: str = MISSING
     data_dir: str = MISSING
     output_dir: str = MISSING
+
+
+@dataclass
+class ProfilerConfig:
+    """Performance measurement (conf/profiler/: none | breakdown | torch); see docs/performance.md."""
+
+    name: str = "none"
+    breakdown: bool = False  # per-phase step time -> perf/ms/*, perf/share/*, <run>/perf/breakdown.*
+    throughput: bool = False  # img/s, FLOPs, TFLOP/s, MFU, peak memory -> <run>/perf/throughput.json
+    torch: bool = False  # torch.profiler window -> <run>/perf/trace.json (Chrome trace) + kernels.txt/csv
+    every_n_steps: int | None = None  # scalars every N iterations; None = train.log_every_n_steps
+    warmup_steps: int = 2  # iterations left out of the averages; FLOPs are counted on the last of them
+    peak_tflops: float | None = None  # MFU denominator; None = GPU datasheet table / measured CPU GEMM
+    torch_wait: int = 2  # iterations skipped before the torch.profiler window
+    torch_warmup: int = 1
+    torch_active: int = 3  # iterations recorded
+    record_shapes: bool = True
+    profile_memory: bool = False
+    with_stack: bool = False
+
+
+@dataclass
+class AutoBatchConfig:
+    """Largest micro-batch that fits, backed off by `margin` (pixelsmith.perf.batch_size)."""
+
+    enabled: bool = False
+    margin: float = 0.15  # back off this fraction from the largest batch that fitted
+    ram_budget_gb: float | None = None  # CPU: peak RSS allowed; None = current RSS + 80% of MemAvailable
+    gpu_budget_fraction: float = 0.9  # CUDA: peak reserved memory allowed, fraction of the device memory
+    start: int | None = None  # first per-process batch tried; None = the configured batch
+    max_batch: int = 4096  # per process
+    scale_lr: bool = False  # linear scaling rule: every *optimizer.lr x new_batch / reference_batch
+    reference_batch: int | None = None  # the batch the lrs were tuned for; None = the configured batch
+
+
+@dataclass
+class EvalConfig:
+    """GAN evaluation, shared by the training callback and `evaluate.py` (see README "Evaluation")."""
+
+    every_n_steps: int = 500  # 0 disables evaluation during training
+    num_samples: int = 2000  # generated images per evaluation (split across ranks)
+    batch_size: int = 250
+    extractor: str | None = (
+        None  # mnist (offline, digits) | inception (standard FID); None = the data's default
+    )
+    weights_path: str | None = None  # explicit extractor weights file; else $TORCH_HOME/hub/checkpoints/
+    metrics: list[str] = field(default_factory=lambda: ["fid", "kid", "pr"])  # + "is" with inception
+    reference_samples: int | None = None  # real images in the reference statistics; None = all of the dataset
+    cache_dir: str | None = (
+        None  # reference statistics cache; None = $PIXELSMITH_CACHE or ~/.cache/pixelsmith
+    )
+    monitor: str = "fid"
+    save_best: bool = True  # keep checkpoints/best.ckpt for the best monitored value
+    seed: int = 0  # latents of the evaluation samples
 
 
 @dataclass
@@ -150,6 +284,9 @@ class TrainConfig:
     logger: Any = None
     callbacks: Any = None
     paths: PathsConfig = field(default_factory=PathsConfig)
+    profiler: ProfilerConfig = field(default_factory=ProfilerConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
+    auto_batch: AutoBatchConfig = field(default_factory=AutoBatchConfig)
 
 
 def register_configs() -> None:
@@ -162,4 +299,7 @@ def register_configs() -> None:
     cs.store(group="data", name="_schema", node=DataConfig)
     cs.store(group="schedule", name="_schema", node=ScheduleConfig)
     cs.store(group="model", name="_gan_schema", node=GANModelConfig)
+    cs.store(group="model", name="_style_fast_schema", node=FastStyleModelConfig)
+    cs.store(group="model", name="_style_adain_schema", node=AdaINModelConfig)
     cs.store(group="paths", name="_schema", node=PathsConfig)
+    cs.store(group="profiler", name="_schema", node=ProfilerConfig)

@@ -5,7 +5,8 @@ It owns what is easy to get subtly wrong with manual optimization, once:
   and checkpoint cadence (Lightning's `global_step` counts every optimizer step, #17958);
 - mixed precision with its own GradScaler (see `core/precision.py`), clipping on unscaled gradients (#18089);
 - gradient accumulation: the loader yields `accumulate` micro-batches' worth per iteration, split here;
-- gradient all-reduce per optimizer (no DDP wrapper, see `core/strategy.py`), a non-finite guard that skips, counts
+- gradient all-reduce per optimizer (no DDP wrapper, see `core/strategy.py`) or, under `strategy=fsdp`, FSDP2
+  per network (`core/fsdp.py`: reduce-scatter on the last micro-batch only), a non-finite guard that skips, counts
   and finally stops, warmup+cosine schedules, channels_last and `torch.compile` of the networks (not of the module);
 - per-iteration seeding from (seed, rank, iteration), so resuming from a checkpoint continues bit-for-bit;
 - named phases (`with self.phase("G_fwd"):`) that a profiler callback can time; a no-op by default.
@@ -27,9 +28,12 @@ from typing import Any
 import lightning as L
 import torch
 from torch import nn
+from torch.distributed.fsdp import FSDPModule
+from torch.distributed.tensor import DTensor
 
 from pixelsmith.config.schema import EMAConfig, OptimizerConfig, ScheduleConfig
 from pixelsmith.core.ema import EMA
+from pixelsmith.core.fsdp import MultiNetworkFSDPStrategy
 from pixelsmith.core.precision import MixedPrecision
 from pixelsmith.core.schedules import build_scheduler
 from pixelsmith.errors import PixelsmithError
@@ -87,6 +91,7 @@ class TrainingCore(L.LightningModule):
         self._optimizer_index: dict[str, int] = {}
         self._float_buffers: dict[str, list[torch.Tensor]] = {}
         self._loss_nonfinite: dict[str, torch.Tensor] = {}
+        self._backward_calls: dict[str, int] = {}  # loss_backward calls per optimizer since its last step
         self._precision: MixedPrecision | None = None
         self._pending_precision_state: dict | None = None
         self._phase_timer = None
@@ -103,6 +108,14 @@ class TrainingCore(L.LightningModule):
 
     def optimizer_definitions(self) -> list[OptimizerDefinition]:
         raise NotImplementedError
+
+    def shard_units(self, name: str, network: nn.Module) -> list[nn.Module]:
+        """Under strategy=fsdp: sub-modules of `network` (from `networks()`) to shard as FSDP units of their own,
+        innermost first (e.g. a StyleGAN's synthesis blocks). Each unit is gathered just before it runs and freed
+        after, capping peak memory at one block's weights instead of one network's. Default: none, the whole
+        network is one unit (one all-gather per forward). Return the matching blocks for an EMA copy too."""
+        del name, network
+        return []
 
     def add_ema(self, name: str, source: nn.Module, config: EMAConfig) -> EMA | None:
         """Create an EMA of `source` that the core updates at the end of every iteration (after buffers are synced
@@ -123,15 +136,37 @@ class TrainingCore(L.LightningModule):
         return self._precision
 
     def configure_model(self) -> None:
+        if self.core.channels_last and self._fsdp is not None:
+            # FSDP2 refuses non-contiguous parameters and gathers them contiguous anyway; convolutions still pick
+            # NHWC kernels from channels_last inputs (prepare_images), so only the weights stay NCHW.
+            log.info("strategy=fsdp: channels_last applies to activations only, weights stay contiguous.")
         for name, net in self.networks().items():
-            if self.core.channels_last:
+            if self.core.channels_last and self._fsdp is None:
                 net.to(memory_format=torch.channels_last)
             if self.core.compile:
                 # nn.Module.compile compiles in place: state_dict keys keep their names (no `_orig_mod.`).
                 log.info("Compiling %s (mode=%s)", name, self.core.compile_mode)
                 net.compile(mode=self.core.compile_mode)
+        if self._fsdp is not None:
+            # After compile, as torchtitan does (compile per block, then fully_shard).
+            self._fsdp.shard_networks(self)
+
+    @property
+    def _fsdp(self) -> MultiNetworkFSDPStrategy | None:
+        strategy = self._trainer.strategy if self._trainer is not None else None
+        return strategy if isinstance(strategy, MultiNetworkFSDPStrategy) else None
+
+    def keep_unsharded(self, *modules: nn.Module):
+        """Wrap a phase that differentiates through a gradient (R1, path length): under FSDP the weights of
+        `modules` stay gathered until the phase ends (a double backward needs them after the first backward).
+        A no-op for every other strategy."""
+        return self._fsdp.keep_unsharded(*modules) if self._fsdp is not None else nullcontext()
 
     def configure_optimizers(self):
+        from pixelsmith.perf.switches import adam_implementation
+
+        # fused | foreach | for_loop | auto, from hardware.optimizer_impl (set on the module by pixelsmith.train).
+        impl = getattr(self, "optimizer_impl", "foreach")
         optimizers, schedulers = [], []
         schedule = self.core.schedule
         total = schedule.total_steps or self.core.max_steps
@@ -144,7 +179,7 @@ class TrainingCore(L.LightningModule):
                 betas=betas,
                 eps=cfg.eps,
                 weight_decay=cfg.weight_decay,
-                foreach=True,
+                **adam_implementation(impl, spec.params),
             )
             self._optimizer_index[spec.name] = index
             owned = {id(p) for p in spec.params}
@@ -211,6 +246,13 @@ class TrainingCore(L.LightningModule):
         """Backward of one micro-batch's mean loss for optimizer `name`; gradients average over micro-batches."""
         flag = (~torch.isfinite(loss.detach())).float()
         self._loss_nonfinite[name] = self._loss_nonfinite.get(name, torch.zeros_like(flag)) + flag
+        calls = self._backward_calls[name] = self._backward_calls.get(name, 0) + 1
+        if self._fsdp is not None:
+            # FSDP2 reduce-scatters inside backward: only on the last micro-batch, the earlier ones accumulate
+            # locally (the DDP path communicates in `step` and needs no switch).
+            for net in self.networks().values():
+                if isinstance(net, FSDPModule):
+                    net.set_requires_gradient_sync(calls >= self.core.accumulate)
         self.manual_backward(self.mixed_precision.scale(loss / self.core.accumulate))
 
     def _params_of(self, opt: torch.optim.Optimizer) -> Iterator[nn.Parameter]:
@@ -222,6 +264,9 @@ class TrainingCore(L.LightningModule):
         world = self.trainer.world_size if self._trainer is not None else 1
         if world <= 1:
             return loss_flag
+        # FSDP2 has already averaged the gradients of sharded (DTensor) parameters in backward; only the flag
+        # (and any parameter outside the sharded networks) is reduced here.
+        params = [p for p in params if not isinstance(p, DTensor)]
         grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in params]
         flat = torch.cat([g.reshape(-1).float() for g in grads] + [loss_flag.reshape(1).float()])
         torch.distributed.all_reduce(flat)
@@ -254,6 +299,13 @@ class TrainingCore(L.LightningModule):
         """All-reduce, unscale, check, clip and apply optimizer `name`; returns False when the step was skipped."""
         opt = self._raw_optimizer(name)
         params = [p for p in self._params_of(opt) if p.requires_grad]
+        calls = self._backward_calls.pop(name, 0)
+        if self._fsdp is not None and 0 < calls < self.core.accumulate:
+            raise PixelsmithError(
+                f"Optimizer {name} stepped after {calls} loss_backward call(s) with accumulate="
+                f"{self.core.accumulate}: under strategy=fsdp gradients are synchronised on the accumulate-th "
+                "call, so call self.loss_backward(loss, name) once per micro-batch (see self.micro_batches)."
+            )
         loss_flag = self._loss_nonfinite.pop(name, torch.zeros((), device=self.device))
         loss_flag = self._all_reduce_gradients(params, loss_flag)
         scaler = self.mixed_precision.scaler
@@ -261,7 +313,7 @@ class TrainingCore(L.LightningModule):
             scaler.unscale_(opt)  # after the all-reduce, so every rank sees the same inf/NaN and skips alike
         with_grad = [p for p in params if p.grad is not None]
         grads = [p.grad for p in with_grad]
-        norm = torch.nn.utils.get_total_norm(grads) if grads else torch.zeros((), device=self.device)
+        norm = _global_norm(grads) if grads else torch.zeros((), device=self.device)
         bad = (loss_flag > 0) | ~torch.isfinite(norm)
         if self.core.clip_grad_norm is not None and grads:
             # Unscaled gradients here whatever the precision (Lightning #18089 clips scaled ones). A non-finite
@@ -401,6 +453,16 @@ class TrainingCore(L.LightningModule):
         self._nonfinite_streak = int(state["nonfinite_streak"])
         self._pending_precision_state = state.get("grad_scaler") or None
         self._precision = None
+
+
+def _global_norm(grads: list[torch.Tensor]) -> torch.Tensor:
+    """L2 norm over all gradients as one vector. Sharded (DTensor) gradients give the norm over every rank's
+    shard (DTensor reduces the partial norms), so clipping and the finite check agree on all ranks."""
+    sharded = [g for g in grads if isinstance(g, DTensor)]
+    plain = [g for g in grads if not isinstance(g, DTensor)]
+    norms = [torch.nn.utils.get_total_norm(group) for group in (sharded, plain) if group]
+    norms = [n.full_tensor() if isinstance(n, DTensor) else n for n in norms]
+    return norms[0] if len(norms) == 1 else torch.nn.utils.get_total_norm(norms)
 
 
 def count_parameters(modules: Iterable[nn.Module]) -> int:

@@ -133,14 +133,15 @@ class GANModule(TrainingCore):
             scaler = self.mixed_precision.scaler
             loss_scale = scaler.get_scale() if scaler is not None else 1.0
             r1_total = torch.zeros((), device=self.device)
-            for real in self.micro_batches(reals):
-                real = real.detach().requires_grad_(True)
-                with self.phase("D_fwd"), self.autocast():
-                    logits = D(self._augment(real))
-                penalty = r1_penalty(logits, real, loss_scale)
-                with self.phase("D_bwd"):
-                    self.loss_backward(penalty * (self.r1_gamma / 2) * self.r1_interval, "D")
-                r1_total += penalty.detach() / self.core.accumulate
+            with self.keep_unsharded(D):  # R1 is a double backward: under FSDP D's weights must stay gathered
+                for real in self.micro_batches(reals):
+                    real = real.detach().requires_grad_(True)
+                    with self.phase("D_fwd"), self.autocast():
+                        logits = D(self._augment(real))
+                    penalty = r1_penalty(logits, real, loss_scale)
+                    with self.phase("D_bwd"):
+                        self.loss_backward(penalty * (self.r1_gamma / 2) * self.r1_interval, "D")
+                    r1_total += penalty.detach() / self.core.accumulate
             with self.phase("opt_step"):
                 self.step("D")
             logs["loss/r1"] = r1_total

@@ -16,6 +16,7 @@ The calls alternate between the tools and the medians of ``--repeats`` runs are 
 from __future__ import annotations
 
 import argparse
+import shutil
 import statistics
 import tempfile
 import time
@@ -93,6 +94,14 @@ def _images(data: Path, count: int, offset: int, noise: float) -> torch.Tensor:
 
 
 def main(argv: list[str] | None = None) -> dict[str, float]:
+    workdir = Path(tempfile.mkdtemp(prefix="pixelsmith-bench-"))
+    try:
+        return _run(argv, workdir)
+    finally:  # the caches and random Inception weights (95 MB) are throwaway
+        shutil.rmtree(workdir, ignore_errors=True)
+
+
+def _run(argv: list[str] | None, workdir: Path) -> dict[str, float]:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--extractor", choices=("mnist", "inception"), default="mnist")
     parser.add_argument(
@@ -112,7 +121,6 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     real = _images(args.data, count, offset=0, noise=0.0)
     generated = _images(args.data, count, offset=count, noise=0.15)
     kid_subset_size = min(1000, count)
-    workdir = Path(tempfile.mkdtemp(prefix="pixelsmith-bench-"))
 
     if args.extractor == "mnist":
         weights = None

@@ -33,11 +33,11 @@ INCEPTION_WEIGHTS_SOURCE = (
     "v0.2.0/weights-inception-2015-12-05-6726825d.pth)"
 )
 # The config key named in the missing-weights message; callers pass their own if their config tree differs.
-INCEPTION_WEIGHTS_CONFIG_KEY = "metrics.inception_weights"
+INCEPTION_WEIGHTS_CONFIG_KEY = "eval.weights_path"
 INCEPTION_FEATURE_LAYERS = ("64", "192", "768", "2048")
 
 MNIST_EXTRACTOR_WEIGHTS = Path(__file__).resolve().parent.parent / "assets" / "mnist_extractor.pt"
-MNIST_EXTRACTOR_CONFIG_KEY = "metrics.mnist_extractor_weights"
+MNIST_EXTRACTOR_CONFIG_KEY = "eval.weights_path"
 MNIST_FEATURE_DIM = 128
 MNIST_INPUT_SIZE = 32
 

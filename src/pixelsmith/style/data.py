@@ -25,6 +25,7 @@ from PIL import Image, ImageOps, UnidentifiedImageError
 from torch import Tensor
 from torch.utils.data import Dataset
 
+from pixelsmith.errors import PixelsmithError
 from pixelsmith.paths import DATA_DIR
 
 EMBEDDED_DIR = DATA_DIR / "style"
@@ -33,8 +34,9 @@ EMBEDDED_STYLES_DIR = EMBEDDED_DIR / "styles"
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".bmp", ".tif", ".tiff", ".webp")
 
 
-class ImageReadError(OSError):
-    """An image file is missing, unreadable or in a form we do not process; the message names the path."""
+class ImageReadError(PixelsmithError, OSError):
+    """An image file is missing, unreadable or in a form we do not process; the message names the path (a
+    PixelsmithError: entry points print it as one paragraph)."""
 
 
 class ImageNotFoundError(ImageReadError, FileNotFoundError):

@@ -18,6 +18,8 @@ from pathlib import Path
 import torch
 from torch import Tensor, nn
 
+from pixelsmith.errors import PixelsmithError
+
 # Layer layouts of torchvision's `vgg16().features` / `vgg19().features` (configs "D" and "E"); "M" is a max-pool.
 # Building only the convolutional part avoids allocating the 120M-parameter classifier we never use.
 VGG_LAYOUTS: dict[str, list[int | str]] = {
@@ -57,8 +59,9 @@ CONFIG_KEY_WEIGHTS_PATH = "model.loss_net.weights_path"
 CONFIG_KEY_PRETRAINED = "model.loss_net.pretrained"
 
 
-class LossNetworkWeightsNotFoundError(FileNotFoundError):
-    """The pretrained VGG weights are not on disk; the message says which file, where, and the two ways to fix it."""
+class LossNetworkWeightsNotFoundError(PixelsmithError, FileNotFoundError):
+    """The pretrained VGG weights are not on disk; the message says which file, where, and the two ways to fix it
+    (a PixelsmithError: train.py prints it as one paragraph, without a traceback)."""
 
 
 class RandomLossNetworkWeightsWarning(UserWarning):
@@ -127,7 +130,8 @@ def missing_weights_message(arch: str, weights_path: str | Path | None) -> str:
         f"{url}, fetched on a machine with internet access) in one of two ways: copy it to {expected.parent}/ "
         f"(set TORCH_HOME to move that directory), or point the config at it with "
         f"{CONFIG_KEY_WEIGHTS_PATH}=/path/to/{expected.name}. To run without pretrained weights (tests and smoke "
-        f"runs only: the losses are then not perceptual and results are not stylized), set {CONFIG_KEY_PRETRAINED}=false."
+        f"runs only: the losses are then not perceptual, so only colours and simple textures transfer), set "
+        f"{CONFIG_KEY_PRETRAINED}=false."
     )
 
 
@@ -193,8 +197,8 @@ class VGGFeatures(nn.Module):
         else:
             warnings.warn(
                 f"\n{'!' * 100}\n  The {arch.upper()} loss network is using RANDOM weights ({CONFIG_KEY_PRETRAINED}=false): "
-                "content/style losses are not perceptual,\n  outputs will not look stylized. Fine for tests and "
-                f"smoke runs only.\n{'!' * 100}",
+                "content/style losses are not perceptual:\n  colours and simple textures transfer, the style's "
+                f"shapes and brush strokes do not. Fine for tests and smoke runs only.\n{'!' * 100}",
                 RandomLossNetworkWeightsWarning,
                 stacklevel=2,
             )

@@ -3,6 +3,10 @@
 Precision: the loss network runs in the compute precision (bf16/fp16 under autocast), but Gram matrices sum
 C*H*W-sized products, which overflows fp16 (max 65504) at relu1_2 of a 256px crop and loses most digits in bf16.
 So Grams, their normalisation and every reduction here run in float32 with autocast disabled locally.
+
+The Gram matrix and the Gram distance are not defined here: `gram_matrix` and `style_gram_distance` come from
+`pixelsmith.metrics.image_metrics`, so the training style loss and the validation/evaluation "style Gram distance"
+are one implementation and cannot drift apart.
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from pixelsmith.metrics.image_metrics import gram_matrix, style_gram_distance
 from pixelsmith.style.loss_network import VGGFeatures
 from pixelsmith.style.networks import AdaINNet, channel_mean_var
 
@@ -22,14 +27,6 @@ from pixelsmith.style.networks import AdaINNet, channel_mean_var
 def _fp32_region(x: Tensor) -> AbstractContextManager:
     """Autocast off for this device: inside it, matmuls on float32 tensors stay float32."""
     return torch.autocast(device_type=x.device.type, enabled=False)
-
-
-def gram_matrix(features: Tensor) -> Tensor:
-    """(B, C, H, W) -> (B, C, C) float32 Gram matrix normalised by C*H*W (size-independent, as in Johnson et al.)."""
-    batch, channels, height, width = features.shape
-    with _fp32_region(features):
-        flat = features.float().reshape(batch, channels, height * width)
-        return torch.bmm(flat, flat.transpose(1, 2)) / (channels * height * width)
 
 
 def content_loss(output_features: Tensor, target_features: Tensor) -> Tensor:
@@ -43,12 +40,11 @@ def style_loss(
     target_grams: Mapping[str, Tensor],
     layer_weights: Mapping[str, float] | None = None,
 ) -> Tensor:
-    """Sum over layers of weight * MSE(Gram(output), target Gram); target Grams are (1 or B, C, C) float32."""
+    """Sum over layers of weight * MSE(Gram(output), target Gram); target Grams are (1 or B, C, C) float32.
+    Each layer's term is `style_gram_distance` (batch mean), the function validation reports."""
     total = None
     for name, target in target_grams.items():
-        gram = gram_matrix(output_features[name])
-        with _fp32_region(gram):
-            term = F.mse_loss(gram, target.float().expand_as(gram))
+        term = style_gram_distance([output_features[name]], [target])
         term = term * (1.0 if layer_weights is None else float(layer_weights.get(name, 1.0)))
         total = term if total is None else total + term
     if total is None:

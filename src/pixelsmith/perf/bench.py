@@ -1,0 +1,614 @@
+"""`python bench.py`: images/s of the template across a settings matrix, each run in a fresh process, against a plain
+PyTorch loop doing the same work, so the template's overhead is a measured ratio.
+
+    python bench.py                                  # default: DCGAN 64 px, batch 64, the CPU switches one by one
+    python bench.py --full                           # model x precision x channels_last x compile x batch size
+    python bench.py --models dcgan --precisions 32-true bf16-mixed --channels-last false true --batch-sizes 64
+    python bench.py --repeats 5 --warmup 3 --steps 20 --hardware auto   # on a GPU machine
+
+Per cell and repeat, the template run (`pixelsmith.train.run` with the default callbacks and loggers, progress bar
+off) and the plain loop (`pixelsmith.perf.plain_loop`) each run in a new Python process (no allocator, oneDNN or
+compile cache carried over), `--warmup` iterations first, then `--steps` timed ones; images/s = steps x batch /
+(wall time from the end of the last warm-up iteration to the end of the last timed one), the same clock for both.
+Template and plain alternate in order from repeat to repeat, and cells interleave, so load drift on a shared
+machine spreads evenly. Reported: medians with min-max over repeats; overhead = plain / template - 1 per repeat pair,
+in wall time and in process CPU time (steadier on a shared machine).
+FLOPs per iteration are counted once per cell (FlopCounterMode on a plain iteration: same networks, same FLOPs);
+MFU = FLOPs x iterations/s / peak (datasheet table on NVIDIA GPUs, measured GEMM peak on CPU).
+
+Outputs in the run dir (default outputs/bench/<timestamp>): bench.json (one record per cell), bench.md, bench.png,
+and each run's own dir under runs/.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import os
+import platform
+import resource
+import statistics
+import subprocess
+import sys
+import time
+from dataclasses import asdict, dataclass
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+from lightning.pytorch.callbacks import Callback
+
+RESULT_PREFIX = "PIXELSMITH_BENCH_RESULT "
+
+
+@dataclass(frozen=True)
+class Cell:
+    model: str = "dcgan"
+    precision: str = "32-true"
+    channels_last: bool = False
+    compile: bool = False
+    batch_size: int = 64
+    optimizer: str = "fused"
+
+    @property
+    def name(self) -> str:
+        layout = "channels_last" if self.channels_last else "contiguous"
+        mode = "compiled" if self.compile else "eager"
+        return f"{self.model} b{self.batch_size} {self.precision} {layout} {mode} {self.optimizer}-adam"
+
+    @property
+    def slug(self) -> str:
+        return self.name.replace(" ", "_")
+
+
+# The default matrix: DCGAN at 64 px, batch 64 (the issue's reference point), switching on the CPU profile's
+# settings one at a time. The first cell is "no switches" (fp32, contiguous, eager, foreach Adam); the last is the
+# cpu profile's defaults (bf16 autocast, channels_last, fused Adam; compile stays off on CPU).
+DEFAULT_CELLS = [
+    Cell("dcgan", "32-true", False, False, 64, "foreach"),
+    Cell("dcgan", "32-true", False, False, 64, "fused"),
+    Cell("dcgan", "32-true", True, False, 64, "fused"),
+    Cell("dcgan", "bf16-mixed", False, False, 64, "fused"),
+    Cell("dcgan", "bf16-mixed", True, False, 64, "fused"),
+]
+FULL_AXES = {
+    "models": ["dcgan", "stylegan2"],
+    "precisions": ["32-true", "bf16-mixed"],
+    "channels_last": [False, True],
+    "compile": [False, True],
+    "batch_sizes": [32, 64, 128],
+    "optimizers": ["fused"],
+}
+
+
+class IterationClock(Callback):
+    """Wall clock and process CPU time at the end of every training iteration (class-level, read by the bench
+    child after run())."""
+
+    ends: list[float] = []
+    cpu_ends: list[float] = []
+
+    def on_train_start(self, trainer, pl_module) -> None:
+        IterationClock.ends = []
+        IterationClock.cpu_ends = []
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        IterationClock.ends.append(time.perf_counter())
+        IterationClock.cpu_ends.append(time.process_time())
+
+
+# ---- child process ------------------------------------------------------------------------------------------------
+def cell_overrides(cell: Cell, args: dict[str, Any]) -> list[str]:
+    return [
+        f"hardware={args['hardware']}",
+        f"precision={cell.precision}",
+        f"hardware.channels_last={str(cell.channels_last).lower()}",
+        f"hardware.compile={str(cell.compile).lower()}",
+        f"hardware.optimizer_impl={cell.optimizer}",
+        f"model={cell.model}",
+        "data=mnist",
+        f"data.resolution={args['resolution']}",
+        "data.channels=3",
+        f"data.batch_size={cell.batch_size}",
+        f"max_steps={args['warmup'] + args['steps']}",
+        "train.progress_bar=false",
+        "train.sample_every_n_steps=0",  # the grid at step 0 is outside the timed window anyway
+        *args.get("extra_overrides", []),
+    ]
+
+
+def _compose(overrides: list[str], output_dir: Path):
+    from hydra import compose, initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+    from omegaconf import open_dict
+
+    from pixelsmith.config.schema import register_configs
+    from pixelsmith.paths import CONF_DIR
+
+    register_configs()
+    GlobalHydra.instance().clear()
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        cfg = compose(config_name="train", overrides=overrides)
+    with open_dict(cfg):
+        cfg.paths.output_dir = str(output_dir)
+    return cfg
+
+
+def _images_per_second(ends: list[float], warmup: int, steps: int, batch: int) -> float:
+    if len(ends) < warmup + steps or warmup < 1:
+        raise RuntimeError(
+            f"expected {warmup + steps} iteration times, got {len(ends)} (warm-up must be >= 1)"
+        )
+    return steps * batch / (ends[warmup + steps - 1] - ends[warmup - 1])
+
+
+def _count_plain_flops(cfg, plan, optimizer_impl: str) -> int:
+    from pixelsmith.perf.flops import count_flops
+    from pixelsmith.perf.plain_loop import build_plain_gan, endless, plain_loader
+
+    gan = build_plain_gan(cfg, plan, optimizer_impl)
+    gan.iteration = 1  # not an R1 iteration: the count describes the common iteration
+    images = next(endless(plain_loader(cfg, plan)))
+    return count_flops(lambda: gan.step(images))
+
+
+def child_main(spec: dict[str, Any]) -> dict[str, Any]:
+    import torch
+
+    if spec.get("threads"):
+        torch.set_num_threads(int(spec["threads"]))
+    cell = Cell(**spec["cell"])
+    output_dir = Path(spec["output_dir"])
+    overrides = cell_overrides(cell, spec) + list(spec.get("run_overrides", []))
+    cfg = _compose(overrides, output_dir)
+    if cfg.get("eval") is not None and "every_n_steps" in cfg.eval:
+        from omegaconf import open_dict
+
+        with open_dict(cfg):
+            cfg.eval.every_n_steps = 0  # FID at start and end is outside the timed window: skip its minutes
+    result: dict[str, Any] = {"kind": spec["kind"], "cell": asdict(cell)}
+    if spec["kind"] == "template":
+        from omegaconf import open_dict
+
+        from pixelsmith.train import run
+
+        with open_dict(cfg):
+            cfg.callbacks = cfg.callbacks or {}
+            cfg.callbacks.bench_clock = {"_target_": "pixelsmith.perf.bench.IterationClock"}
+        run(cfg)
+        # The child runs as __main__; Hydra instantiated the clock from the importable module, so read it there.
+        from pixelsmith.perf import bench as bench_module
+
+        ends, cpu_ends = bench_module.IterationClock.ends, bench_module.IterationClock.cpu_ends
+        breakdown = output_dir / "perf" / "breakdown.csv"
+        if breakdown.is_file():
+            result["breakdown_csv"] = str(breakdown)
+            result["breakdown_md"] = str(output_dir / "perf" / "breakdown.md")
+        if spec.get("count_flops"):
+            from pixelsmith.perf.switches import resolve_switches
+            from pixelsmith.train import build_plan
+
+            plan = build_plan(cfg)
+            result["flops_per_iteration"] = _count_plain_flops(
+                cfg, plan, resolve_switches(cfg.hardware, plan).optimizer_impl
+            )
+    else:
+        import lightning as L
+
+        from pixelsmith.hardware import apply_backend_settings
+        from pixelsmith.perf.plain_loop import build_plain_gan, plain_loader, run_plain
+        from pixelsmith.perf.switches import apply_switches, resolve_switches
+        from pixelsmith.train import build_plan
+
+        plan = build_plan(cfg)
+        apply_backend_settings(plan)
+        switches = resolve_switches(cfg.hardware, plan)
+        apply_switches(switches, plan)
+        L.seed_everything(cfg.seed, workers=True, verbose=False)
+        gan = build_plain_gan(cfg, plan, switches.optimizer_impl)
+        loader = plain_loader(cfg, plan)
+        ends, cpu_ends = run_plain(gan, loader, spec["warmup"] + spec["steps"])
+        if spec.get("count_flops"):
+            result["flops_per_iteration"] = _count_plain_flops(cfg, plan, switches.optimizer_impl)
+    result["img_per_s"] = _images_per_second(ends, spec["warmup"], spec["steps"], cell.batch_size)
+    # Images per CPU-second (all threads): on a shared machine wall time absorbs other people's load, CPU time
+    # mostly does not, so the overhead ratio in CPU time is the steadier of the two.
+    result["img_per_cpu_s"] = _images_per_second(cpu_ends, spec["warmup"], spec["steps"], cell.batch_size)
+    result["peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        result["peak_cuda_allocated_mb"] = torch.cuda.max_memory_allocated() / 2**20
+    result["threads"] = torch.get_num_threads()
+    return result
+
+
+# ---- parent: run the matrix ---------------------------------------------------------------------------------------
+def run_child(spec: dict[str, Any], timeout: float) -> dict[str, Any]:
+    """One run in a fresh interpreter; its result is the JSON line it prints last."""
+    output_dir = Path(spec["output_dir"])
+    output_dir.mkdir(parents=True, exist_ok=True)
+    started = time.perf_counter()
+    proc = subprocess.run(
+        [sys.executable, "-m", "pixelsmith.perf.bench", "--child", json.dumps(spec)],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+        env={**os.environ, "HYDRA_FULL_ERROR": "1"},
+    )
+    (output_dir / "child.log").write_text(proc.stdout + "\n--- stderr ---\n" + proc.stderr)
+    lines = [line for line in proc.stdout.splitlines() if line.startswith(RESULT_PREFIX)]
+    if proc.returncode != 0 or not lines:
+        tail = "\n".join((proc.stdout + proc.stderr).strip().splitlines()[-15:])
+        return {"kind": spec["kind"], "error": f"exit {proc.returncode}: {tail}"}
+    result = json.loads(lines[-1][len(RESULT_PREFIX) :])
+    result["process_seconds"] = time.perf_counter() - started
+    return result
+
+
+def _stats(values: list[float]) -> dict[str, float] | None:
+    if not values:
+        return None
+    return {"median": statistics.median(values), "min": min(values), "max": max(values), "n": len(values)}
+
+
+def load_average() -> list[float] | None:
+    try:
+        return [round(x, 2) for x in os.getloadavg()]
+    except OSError:
+        return None
+
+
+def peak_for(precision: str, hardware: str) -> tuple[float | None, str]:
+    import torch
+
+    from pixelsmith.perf.flops import device_peak_flops
+
+    device = torch.device("cuda" if hardware != "cpu" and torch.cuda.is_available() else "cpu")
+    value, key, source = device_peak_flops(device, precision)
+    return value, f"{key}: {source}"
+
+
+def build_cells(args: argparse.Namespace) -> list[Cell]:
+    axes_given = any(
+        getattr(args, name) is not None
+        for name in ("models", "precisions", "channels_last", "compile", "batch_sizes", "optimizers")
+    )
+    if not args.full and not axes_given:
+        return list(DEFAULT_CELLS)
+    axes = (
+        dict(FULL_AXES)
+        if args.full
+        else {
+            **FULL_AXES,
+            "models": ["dcgan"],
+            "channels_last": [False],
+            "compile": [False],
+            "batch_sizes": [64],
+            "precisions": ["32-true"],
+        }
+    )
+    for name in axes:
+        value = getattr(args, name)
+        if value is not None:
+            axes[name] = value
+    return [
+        Cell(m, p, cl, c, b, o)
+        for m, p, cl, c, b, o in itertools.product(
+            axes["models"],
+            axes["precisions"],
+            axes["channels_last"],
+            axes["compile"],
+            axes["batch_sizes"],
+            axes["optimizers"],
+        )
+    ]
+
+
+def run_matrix(args: argparse.Namespace) -> dict[str, Any]:
+    cells = build_cells(args)
+    out = Path(args.out or Path("outputs") / "bench" / datetime.now().strftime("%Y-%m-%d_%H-%M-%S_%f"))
+    out.mkdir(parents=True, exist_ok=True)
+    base = {
+        "hardware": args.hardware,
+        "resolution": args.resolution,
+        "warmup": args.warmup,
+        "steps": args.steps,
+        "threads": args.threads,
+        "extra_overrides": list(args.override or []),
+    }
+    kinds = ["template"] + ([] if args.no_plain else ["plain"])
+    runs: dict[str, dict[str, list[dict[str, Any]]]] = {c.slug: {k: [] for k in kinds} for c in cells}
+    flops: dict[str, int] = {}
+    load_start = load_average()
+    for precision in sorted({c.precision for c in cells}):
+        peak_for(precision, args.hardware)  # measure or read the CPU GEMM peak before the runs
+    started = time.perf_counter()
+    print(f"bench: {len(cells)} cells x {args.repeats} repeats x {len(kinds)} kinds -> {out}", flush=True)
+    for repeat in range(args.repeats):
+        for cell in cells:
+            order = kinds if repeat % 2 == 0 else list(reversed(kinds))
+            for kind in order:
+                spec = {
+                    **base,
+                    "kind": kind,
+                    "cell": asdict(cell),
+                    "output_dir": str(out / "runs" / cell.slug / f"{repeat}-{kind}"),
+                    "count_flops": cell.slug not in flops and (kind == "plain" or args.no_plain),
+                }
+                result = run_child(spec, args.timeout)
+                if "flops_per_iteration" in result:
+                    flops[cell.slug] = result["flops_per_iteration"]
+                runs[cell.slug][kind].append(result)
+                shown = f"{result['img_per_s']:.1f} img/s" if "img_per_s" in result else result["error"][:300]
+                print(f"  [{repeat + 1}/{args.repeats}] {cell.name} {kind}: {shown}", flush=True)
+    breakdown = None
+    if args.breakdown and cells:
+        target = cells[-1]
+        spec = {
+            **base,
+            "kind": "template",
+            "cell": asdict(target),
+            "output_dir": str(out / "runs" / target.slug / "breakdown"),
+            "run_overrides": ["profiler=breakdown", f"profiler.warmup_steps={args.warmup}"],
+        }
+        result = run_child(spec, args.timeout)
+        if "breakdown_csv" in result:
+            breakdown = {"cell": target.name, "img_per_s": result["img_per_s"], **_read_breakdown(result)}
+        else:
+            breakdown = {"cell": target.name, "error": result.get("error", "no breakdown written")}
+        print(
+            f"  breakdown run ({target.name}): {result.get('img_per_s', float('nan')):.1f} img/s", flush=True
+        )
+    records = [_cell_record(cell, runs[cell.slug], flops.get(cell.slug), args) for cell in cells]
+    report = {
+        "created": datetime.now().isoformat(timespec="seconds"),
+        "machine": {
+            "cpu": _cpu_name(),
+            "platform": platform.platform(),
+            "python": platform.python_version(),
+            "torch": _torch_version(),
+            "load_average_start": load_start,
+            "load_average_end": load_average(),
+            "cpu_count": os.cpu_count(),
+        },
+        "settings": {**base, "repeats": args.repeats, "kinds": kinds},
+        "wall_seconds": time.perf_counter() - started,
+        "cells": records,
+        "speedups": _speedups(records),
+        "breakdown": breakdown,
+    }
+    (out / "bench.json").write_text(json.dumps(report, indent=2))
+    (out / "bench.md").write_text(bench_markdown(report))
+    bench_png(out / "bench.png", report)
+    print(
+        f"bench: wrote {out / 'bench.json'}, bench.md, bench.png in {report['wall_seconds']:.0f} s",
+        flush=True,
+    )
+    return report
+
+
+def _read_breakdown(result: dict[str, Any]) -> dict[str, Any]:
+    import csv
+
+    with open(result["breakdown_csv"]) as handle:
+        rows = list(csv.DictReader(handle))
+    md = Path(result["breakdown_md"]).read_text() if result.get("breakdown_md") else ""
+    return {"rows": rows, "markdown": md}
+
+
+def _cell_record(
+    cell: Cell, runs: dict[str, list[dict[str, Any]]], flops: int | None, args
+) -> dict[str, Any]:
+    template = [r["img_per_s"] for r in runs.get("template", []) if "img_per_s" in r]
+    plain = [r["img_per_s"] for r in runs.get("plain", []) if "img_per_s" in r]
+
+    def pair_ratios(key: str) -> list[float]:
+        return [
+            p[key] / t[key] - 1.0
+            for t, p in zip(runs.get("template", []), runs.get("plain", []), strict=False)
+            if key in t and key in p
+        ]
+
+    pairs = pair_ratios("img_per_s")
+    template_cpu = [r["img_per_cpu_s"] for r in runs.get("template", []) if "img_per_cpu_s" in r]
+    peak_rss = [r["peak_rss_mb"] for r in runs.get("template", []) if "peak_rss_mb" in r]
+    peak_rss_plain = [r["peak_rss_mb"] for r in runs.get("plain", []) if "peak_rss_mb" in r]
+    record: dict[str, Any] = {
+        "name": cell.name,
+        "settings": asdict(cell) | {"resolution": args.resolution, "hardware": args.hardware},
+        "template_img_per_s": _stats(template),
+        "plain_img_per_s": _stats(plain),
+        "overhead": _stats(pairs),  # plain / template - 1, per interleaved pair
+        "template_img_per_cpu_s": _stats(template_cpu),  # images per CPU-second (all threads)
+        "overhead_cpu_time": _stats(pair_ratios("img_per_cpu_s")),  # the same ratio in process CPU time
+        "peak_rss_mb": _stats(peak_rss),
+        "plain_peak_rss_mb": _stats(peak_rss_plain),
+        "flops_per_iteration": flops,
+        "errors": [r["error"] for kind in runs.values() for r in kind if "error" in r],
+    }
+    peak, source = peak_for(cell.precision, args.hardware)
+    record["peak_flops"] = peak
+    record["peak_source"] = source
+    if flops and template and peak:
+        iterations_per_s = statistics.median(template) / cell.batch_size
+        record["achieved_tflops"] = flops * iterations_per_s / 1e12
+        record["mfu"] = flops * iterations_per_s / peak
+    return record
+
+
+def _speedups(records: list[dict[str, Any]]) -> dict[str, Any]:
+    """Each cell's median template img/s relative to the first cell of the same model and batch (the baseline)."""
+    out = {}
+    baselines: dict[tuple, dict[str, Any]] = {}
+    for record in records:
+        key = (record["settings"]["model"], record["settings"]["batch_size"])
+        baselines.setdefault(key, record)
+        base = baselines[key]
+        if record["template_img_per_s"] and base["template_img_per_s"]:
+            out[record["name"]] = {
+                "vs": base["name"],
+                "speedup": record["template_img_per_s"]["median"] / base["template_img_per_s"]["median"],
+            }
+    return out
+
+
+def _fmt_stats(stats: dict[str, float] | None, scale: float = 1.0, digits: int = 1, suffix: str = "") -> str:
+    if not stats:
+        return "n/a"
+    f = f"{{:.{digits}f}}"
+    return (
+        f"{f.format(stats['median'] * scale)}{suffix} ({f.format(stats['min'] * scale)} – "
+        f"{f.format(stats['max'] * scale)})"
+    )
+
+
+def bench_markdown(report: dict[str, Any]) -> str:
+    m, s = report["machine"], report["settings"]
+    lines = [
+        "# Pixelsmith benchmark",
+        "",
+        f"{report['created']} on `{m['cpu']}` ({m['cpu_count']} logical CPUs), torch {m['torch']}, "
+        f"hardware={s['hardware']}, {s['resolution']} px, {s['warmup']} warm-up + {s['steps']} timed iterations, "
+        f"{s['repeats']} repeats, each run in a fresh process. Load average (1/5/15 min) at start "
+        f"{m['load_average_start']}, at end {m['load_average_end']}. Medians with (min – max).",
+        "",
+        "| cell | template img/s | plain loop img/s | overhead (plain/template - 1) | overhead in CPU time | "
+        "speedup vs first | peak RSS MB | GFLOP/iter | MFU |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for record in report["cells"]:
+        speed = report["speedups"].get(record["name"])
+        flops = record.get("flops_per_iteration")
+        cells = [
+            record["name"],
+            _fmt_stats(record["template_img_per_s"]),
+            _fmt_stats(record["plain_img_per_s"]),
+            _fmt_stats(record["overhead"], 100, 1, "%"),
+            _fmt_stats(record.get("overhead_cpu_time"), 100, 1, "%"),
+            f"{speed['speedup']:.2f}x" if speed else "n/a",
+            _fmt_stats(record["peak_rss_mb"], 1, 0),
+            f"{flops / 1e9:.2f}" if flops else "n/a",
+            f"{100 * record['mfu']:.1f}%" if record.get("mfu") else "n/a",
+        ]
+        lines.append("| " + " | ".join(cells) + " |")
+    errors = [(r["name"], e) for r in report["cells"] for e in r["errors"]]
+    if errors:
+        lines += [
+            "",
+            "Errors:",
+            *[f"- {name}: {error.splitlines()[-1] if error else ''}" for name, error in errors],
+        ]
+    peaks = {r["peak_source"] for r in report["cells"]}
+    lines += [
+        "",
+        "Overhead in CPU time: the same ratio with each run's process CPU time (all threads) instead of wall "
+        "time; on a shared machine it absorbs less of other people's load.",
+        "MFU peaks: " + "; ".join(sorted(peaks)),
+    ]
+    breakdown = report.get("breakdown")
+    if breakdown and "markdown" in breakdown:
+        lines += [
+            "",
+            f"## Step-time breakdown: {breakdown['cell']}",
+            "",
+            breakdown["markdown"].split("\n", 2)[2],
+        ]
+    lines.append("")
+    return "\n".join(lines)
+
+
+def bench_png(path: Path, report: dict[str, Any]) -> None:
+    from pixelsmith.perf.plot import Bar, bar_chart
+
+    def bar(stats):
+        return Bar(stats["median"], stats["min"], stats["max"]) if stats else Bar(0.0)
+
+    cells = report["cells"]
+    series = [[bar(c["template_img_per_s"]) for c in cells]]
+    names = ["template"]
+    if any(c["plain_img_per_s"] for c in cells):
+        series.append([bar(c["plain_img_per_s"]) for c in cells])
+        names.append("plain loop")
+    load = report["machine"]["load_average_start"]
+    bar_chart(
+        path,
+        f"images/s, median (min-max) of {report['settings']['repeats']} runs; load avg at start {load}",
+        [c["name"] for c in cells],
+        series,
+        names,
+    )
+
+
+def _cpu_name() -> str:
+    from pixelsmith.perf.flops import cpu_model_name
+
+    return cpu_model_name()
+
+
+def _torch_version() -> str:
+    import torch
+
+    return torch.__version__
+
+
+def _bool(text: str) -> bool:
+    if text.lower() in ("true", "1", "yes", "on"):
+        return True
+    if text.lower() in ("false", "0", "no", "off"):
+        return False
+    raise argparse.ArgumentTypeError(f"expected true/false, got {text!r}")
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        description="Benchmark the template against a plain PyTorch loop (see docs/performance.md).",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    parser.add_argument(
+        "--full", action="store_true", help="the full matrix (long: compile cells cold-start)"
+    )
+    parser.add_argument("--models", nargs="+", default=None, help="dcgan stylegan2")
+    parser.add_argument("--precisions", nargs="+", default=None, help="32-true bf16-mixed 16-mixed")
+    parser.add_argument("--channels-last", nargs="+", type=_bool, default=None, dest="channels_last")
+    parser.add_argument("--compile", nargs="+", type=_bool, default=None)
+    parser.add_argument("--batch-sizes", nargs="+", type=int, default=None, dest="batch_sizes")
+    parser.add_argument("--optimizers", nargs="+", default=None, help="fused foreach for_loop")
+    parser.add_argument("--resolution", type=int, default=64)
+    parser.add_argument(
+        "--hardware", default="cpu", help="hardware profile of every run (auto on a GPU machine)"
+    )
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--warmup", type=int, default=3)
+    parser.add_argument("--steps", type=int, default=10)
+    parser.add_argument("--threads", type=int, default=None, help="torch.set_num_threads in each run")
+    parser.add_argument(
+        "--no-plain", action="store_true", help="skip the plain-loop runs (no overhead ratio)"
+    )
+    parser.add_argument(
+        "--no-breakdown",
+        action="store_false",
+        dest="breakdown",
+        help="skip the extra profiler=breakdown run of the last cell",
+    )
+    parser.add_argument("--override", nargs="*", default=None, help="extra Hydra overrides for every run")
+    parser.add_argument("--out", default=None, help="run dir (default outputs/bench/<timestamp>)")
+    parser.add_argument("--timeout", type=float, default=1800.0, help="seconds per run")
+    parser.add_argument("--child", default=None, help=argparse.SUPPRESS)
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    if args.child is not None:
+        result = child_main(json.loads(args.child))
+        print(RESULT_PREFIX + json.dumps(result), flush=True)
+        return 0
+    if args.warmup < 1 or args.steps < 1 or args.repeats < 1:
+        raise SystemExit("--warmup, --steps and --repeats must be at least 1.")
+    run_matrix(args)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,109 @@
+"""Throughput and MFU: FLOP counts against the convolution formula and against the plain loop, the GPU peak table,
+the cached CPU GEMM peak, and the numbers a breakdown run writes to throughput.json."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from pixelsmith.gan.networks.dcgan import DCGANDiscriminator
+from pixelsmith.perf import flops as flops_mod
+from pixelsmith.perf.flops import count_flops, cpu_peak_flops, gpu_peak_flops, peak_precision_key
+from pixelsmith.perf.plain_loop import build_plain_gan, endless, plain_loader
+from pixelsmith.train import build_plan, run
+
+
+def _conv_flops(batch, c_in, c_out, k, h_out, w_out):
+    return 2 * batch * c_in * c_out * k * k * h_out * w_out
+
+
+def test_flop_count_of_a_discriminator_forward_matches_the_convolution_formula():
+    D = DCGANDiscriminator(resolution=32, channels=3, ndf=8)
+    x = torch.randn(5, 3, 32, 32)
+    expected = (
+        _conv_flops(5, 3, 8, 4, 16, 16)  # 32 -> 16
+        + _conv_flops(5, 8, 16, 4, 8, 8)  # 16 -> 8
+        + _conv_flops(5, 16, 32, 4, 4, 4)  # 8 -> 4
+        + _conv_flops(5, 32, 1, 4, 1, 1)  # 4 -> 1 logit
+    )
+    assert count_flops(lambda: D(x)) == expected
+    # Backward of a conv costs its forward twice (input and weight gradients), except the first layer's input grad.
+    first = _conv_flops(5, 3, 8, 4, 16, 16)
+    assert count_flops(lambda: D(x).sum().backward()) == 3 * expected - first
+
+
+@pytest.mark.parametrize(
+    "name, key, tflops",
+    [
+        ("NVIDIA H100 80GB HBM3", "bf16", 989.4),
+        ("NVIDIA H100 PCIe", "tf32", 378.0),
+        ("NVIDIA H200", "fp16", 989.4),
+        ("NVIDIA A100-SXM4-80GB", "tf32", 156.0),
+        ("NVIDIA A100 80GB PCIe", "bf16", 312.0),
+        ("Tesla V100-SXM2-32GB", "fp16", 125.0),
+        ("Tesla V100S-PCIE-32GB", "fp32", 16.4),
+        ("NVIDIA L4", "bf16", 121.0),
+        ("NVIDIA GeForce RTX 4090", "bf16", 165.2),
+    ],
+)
+def test_gpu_peak_table_dense_figures(name, key, tflops):
+    assert gpu_peak_flops(name, key) == pytest.approx(tflops * 1e12)
+
+
+def test_gpu_peak_table_refuses_what_does_not_exist():
+    assert gpu_peak_flops("Tesla V100-SXM2-16GB", "bf16") is None  # Volta has no bf16 tensor cores
+    assert gpu_peak_flops("NVIDIA L40S", "bf16") is None  # "l4" must not match L40S
+    assert peak_precision_key("bf16-mixed", "cpu") == "bf16"
+    assert peak_precision_key("16-mixed", "cuda") == "fp16"
+    assert peak_precision_key("32-true", "cpu") == "fp32"
+
+
+def test_cpu_gemm_peak_is_measured_once_and_cached(tmp_path, monkeypatch):
+    monkeypatch.setenv("PIXELSMITH_CACHE_DIR", str(tmp_path))
+    calls = []
+
+    def fake_measure(dtype):
+        calls.append(dtype)
+        return 123e9
+
+    value, source = cpu_peak_flops("fp32", measure=fake_measure)
+    assert value == 123e9 and "measured" in source and calls == [torch.float32]
+    value, source = cpu_peak_flops("fp32", measure=fake_measure)
+    assert value == 123e9 and "cached" in source and len(calls) == 1
+    table = json.loads((tmp_path / "cpu_gemm_peak.json").read_text())
+    assert any(key.endswith("torch.float32") for key in table)
+    cpu_peak_flops("bf16", measure=fake_measure)  # another dtype is another entry
+    assert calls == [torch.float32, torch.bfloat16]
+
+
+def test_real_gemm_measurement_is_plausible():
+    value = flops_mod.measure_gemm_flops(torch.float32, size=256, min_seconds=0.05)
+    assert 1e8 < value < 1e14
+
+
+def test_throughput_json_counts_a_real_iteration_like_the_plain_loop(make_cfg, tmp_path):
+    cfg = make_cfg(
+        "precision=32-true",
+        "max_steps=5",
+        "profiler=breakdown",
+        "profiler.peak_tflops=0.5",
+        "train.sample_every_n_steps=0",
+        "eval.every_n_steps=0",  # no FID at start/end: not what these tests measure
+    )
+    run(cfg)
+    summary = json.loads((tmp_path / "run" / "perf" / "throughput.json").read_text())
+    # The same networks, losses and batch in a plain loop: the FLOPs of one (non-R1) iteration must agree exactly.
+    plan = build_plan(cfg)
+    gan = build_plain_gan(cfg, plan, "foreach")
+    images = next(endless(plain_loader(cfg, plan)))
+    assert summary["flops_per_iteration"] == count_flops(lambda: gan.step(images))
+    assert summary["flops_counted_at_iteration"] == 1 and summary["measured_iterations"] == 3
+    achieved = summary["flops_per_iteration"] / (summary["step_ms"]["mean"] / 1000)
+    assert summary["achieved_tflops"] == pytest.approx(achieved / 1e12)
+    assert summary["mfu"] == pytest.approx(achieved / 0.5e12)
+    assert summary["peak_source"].startswith("configured")
+    memory = summary["memory"]
+    assert memory["peak_rss_mb"] >= memory["rss_mb"] > 100
+    assert summary["img_per_s"]["from_mean_step"] == pytest.approx(16 / (summary["step_ms"]["mean"] / 1000))
