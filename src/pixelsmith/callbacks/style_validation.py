@@ -61,6 +61,8 @@ class StyleValidation(Callback):
                 raise MissingWeightsError(
                     f"{err} LPIPS is a validation metric only: to train without it, set model.validation.lpips=false."
                 ) from err
+            except ValueError as err:  # an unknown lpips_net
+                raise PixelsmithError(f"model.validation.lpips_net: {err}.") from err
         self._metrics = metrics
 
     @torch.no_grad()
