@@ -22,7 +22,7 @@ log = logging.getLogger("pixelsmith")
 def main(cfg: DictConfig) -> float | None:
     from pixelsmith.train import run
 
-    return guarded_run(run, cfg, objective="loss/G")
+    return guarded_run(run, cfg, objective=cfg.objective)
 
 
 if __name__ == "__main__":

@@ -174,3 +174,15 @@ def test_more_devices_than_gpus_is_refused(tmp_path):
 def test_user_hardware_keys_overlay_the_detected_profile(tmp_path):
     plan = build_plan(compose_config(["hardware.batch_size=24", "hardware.channels_last=false"], tmp_path))
     assert plan.profile == "cpu" and plan.batch_size == 24 and plan.channels_last is False
+
+
+def test_default_progress_bar_counts_iterations_not_a_meaningless_epoch(tmp_path):
+    """Runs are one endless epoch (max_epochs=-1): Lightning's stock bar would read "Epoch 0/-2"."""
+    from hydra.utils import instantiate
+
+    from pixelsmith.callbacks.progress import IterationProgressBar
+
+    bar = instantiate(compose_config([], tmp_path).callbacks.progress)
+    assert isinstance(bar, IterationProgressBar)
+    description = bar._get_train_description(current_epoch=0)
+    assert description.strip() == "Training" and "-2" not in description

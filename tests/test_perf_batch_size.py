@@ -58,9 +58,7 @@ def test_auto_batch_on_a_ram_budget_with_real_iterations(make_cfg, tmp_path, mon
     # Narrow networks at 64 px: activation memory is large per FLOP, so trials reach the budget quickly.
     small = ["data.resolution=64", "model.generator.ngf=4", "model.discriminator.ndf=4"]
     warm = make_cfg(*small, output="warm")
-    auto.make_training_trial(warm, build_plan(warm), "fused")(
-        2
-    )  # this process's one-time growth, before the budget
+    auto.make_training_trial(warm, build_plan(warm))(2)  # this process's one-time growth, before the budget
     memory.release_free_memory()
     budget_mb = (memory.rss_mb() or 0.0) + 50.0  # a budget 50 MB above what this process holds now
     cfg = make_cfg(
@@ -73,7 +71,7 @@ def test_auto_batch_on_a_ram_budget_with_real_iterations(make_cfg, tmp_path, mon
         "data.batch_size=16",  # the reference batch the lrs were tuned for
     )
     plan = build_plan(cfg)
-    chosen = choose_batch_size(cfg, plan, "fused", None)
+    chosen = choose_batch_size(cfg, plan, None)
     report = json.loads((tmp_path / "run" / "perf" / "auto_batch.json").read_text())
     trials = report["trials"]
     measured = [t for t in trials if t["measured"]]
@@ -106,7 +104,7 @@ def test_auto_batch_on_a_ram_budget_with_real_iterations(make_cfg, tmp_path, mon
         "data.batch_size=16",
         output="rank1",
     )
-    assert choose_batch_size(again, build_plan(again), "fused", None) == chosen
+    assert choose_batch_size(again, build_plan(again), None) == chosen
 
 
 def test_predicted_overshoot_is_not_run_on_cpu():

@@ -70,7 +70,20 @@ def test_bench_runs_a_tiny_matrix_end_to_end(tmp_path, monkeypatch):
         iterations_per_s = cell["template_img_per_s"]["median"] / 8
         assert cell["mfu"] == pytest.approx(cell["flops_per_iteration"] * iterations_per_s / 50e9)
         assert cell["peak_rss_mb"]["median"] > 100
-    assert report["speedups"][cells[0]["name"]] == {"vs": cells[0]["name"], "speedup": 1.0}
+    speedup = report["speedups"][cells[0]["name"]]
+    assert speedup == {"vs": cells[0]["name"], "speedup": 1.0, "speedup_best_iteration": 1.0}
+    best = cells[0]["best_iteration_img_per_s"]
+    assert best["template"] >= cells[0]["template_img_per_s"]["max"] and best["plain"] > 0
+    # The report is rebuilt from the run dirs alone (an interrupted benchmark keeps its results).
+    (out / "bench.json").unlink()
+    rebuilt = run_cli(
+        ["bench.py", "--report-from", str(out), "--models", "dcgan", "--precisions", "32-true",
+         "--channels-last", "true", "--batch-sizes", "8", "--resolution", "16", "--warmup", "1", "--steps", "2"],
+        timeout=300,
+    )  # fmt: skip
+    assert rebuilt.returncode == 0, rebuilt.stderr[-2000:]
+    again = json.loads((out / "bench.json").read_text())["cells"][0]
+    assert again["template_img_per_s"] == cells[0]["template_img_per_s"]
     assert "cached GEMM peak" in cells[0]["peak_source"]
     md = (out / "bench.md").read_text()
     assert "| dcgan b8 32-true channels_last eager fused-adam |" in md and "Load average" in md

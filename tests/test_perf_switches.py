@@ -99,8 +99,7 @@ def test_cuda_backend_switches_set_cudnn_and_tf32_flags(make_cfg, monkeypatch):
 )
 def test_optimizer_impl_switch_builds_that_adam(make_cfg, impl, fused, foreach):
     cfg = make_cfg(f"hardware.optimizer_impl={impl}")
-    model, plan = _model(cfg)
-    model.optimizer_impl = resolve_switches(cfg.hardware, plan).optimizer_impl
+    model, _ = _model(cfg)  # build_core_settings resolves hardware.optimizer_impl against the profile
     optimizers, _ = model.configure_optimizers()
     for opt in optimizers:
         assert isinstance(opt, torch.optim.Adam)

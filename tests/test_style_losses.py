@@ -98,3 +98,11 @@ def test_adain_loss_is_zero_style_for_own_statistics_and_trains_decoder_only():
     terms.total.backward()
     assert all(p.grad is not None for p in net.decoder.parameters())
     assert criterion(style, target, style).style < 1e-6  # an output with the style's own statistics
+    # The training step encodes the style once and shares it: same target, same loss as two separate passes.
+    with torch.no_grad():
+        shared = net.encoder(style)
+    shared_output, shared_target = net.forward_train(content, style, shared)
+    assert torch.equal(shared_target, target) and torch.equal(shared_output.detach(), output.detach())
+    assert torch.equal(
+        criterion(shared_output, shared_target, style, shared).total.detach(), terms.total.detach()
+    )

@@ -271,3 +271,28 @@ def test_missing_vgg_weights_through_train_py_names_the_file_and_both_fixes(tmp_
     assert "model.loss_net.weights_path=" in text and "model.loss_net.pretrained=false" in text
     assert "Traceback" not in text
     assert not (tmp_path / "run" / "checkpoints").exists()
+
+
+def test_hand_composed_style_model_runs_with_the_default_gan_evaluation_callback(tmp_path, caplog):
+    """`model=style_fast data=style_content` without the experiment keeps callbacks.evaluation from train.yaml:
+    the callback sees a model with no generate(z), says so and stays off instead of crashing the run."""
+    overrides = [o for o in COMMON if not o.startswith("model.validation")]
+    cfg = compose_config(
+        [
+            *overrides,
+            "model=style_fast",
+            "data=style_content",
+            "augment=none",
+            "model.stylizer.base_channels=8",
+            "model.stylizer.num_residual_blocks=1",
+            "eval.every_n_steps=1",
+            "max_steps=2",
+        ],
+        tmp_path / "run",
+    )
+    assert cfg.callbacks.evaluation is not None
+    with caplog.at_level("INFO", logger="pixelsmith.callbacks.evaluation"):
+        metrics = run(cfg)
+    assert metrics["iteration"] == 2
+    assert "has no generate(z): GAN evaluation is off" in caplog.text
+    assert not (tmp_path / "run" / "eval_history.json").exists()

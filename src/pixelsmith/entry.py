@@ -50,6 +50,13 @@ def guarded_run(job: Callable[[DictConfig], dict[str, Any]], cfg: DictConfig, ob
         _record(output_dir, {"status": "failed", "error": f"{type(err).__name__}: {err}"})
         return math.nan
     value = metrics.get(objective, math.nan)
+    if objective not in metrics:
+        log.warning(
+            "objective=%s is not among this run's final metrics (%s); the sweep sees NaN. Set objective= to one "
+            "of them (e.g. objective=loss/G when evaluation is off).",
+            objective,
+            ", ".join(sorted(metrics)),
+        )
     if _is_multirun():
         _record(output_dir, {"status": "ok", "objective": objective, "value": value, "metrics": metrics})
     return value

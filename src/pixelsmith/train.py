@@ -27,6 +27,7 @@ from pixelsmith.errors import PixelsmithError
 from pixelsmith.hardware import RuntimePlan, apply_backend_settings, resolve_plan
 from pixelsmith.perf import build_callbacks as build_perf_callbacks
 from pixelsmith.perf import prepare_run as prepare_perf
+from pixelsmith.perf.switches import resolve_switches
 
 log = logging.getLogger(__name__)
 
@@ -57,6 +58,7 @@ def build_core_settings(cfg: DictConfig, plan: RuntimePlan) -> CoreSettings:
         compile_mode=plan.compile_mode,
         seed=cfg.seed,
         log_every_n_steps=cfg.train.log_every_n_steps,
+        optimizer_impl=resolve_switches(cfg.hardware, plan).optimizer_impl,
         run_config=run_config,
     )
 
@@ -180,13 +182,12 @@ def run(cfg: DictConfig) -> dict[str, Any]:
     plan = build_plan(cfg)
     ckpt_path = _check_resume_path(cfg.get("ckpt_path"))
     apply_backend_settings(plan)
-    perf = prepare_perf(cfg, plan)  # memory switches; auto batch size may rewrite cfg.data.batch_size
+    prepare_perf(cfg, plan)  # memory switches; auto batch size may rewrite cfg.data.batch_size
     L.seed_everything(cfg.seed, workers=True, verbose=False)
     output_dir = Path(cfg.paths.output_dir)
     core = build_core_settings(cfg, plan)
     datamodule = build_datamodule(cfg, plan)
     model = build_model(cfg, core)
-    model.optimizer_impl = perf.optimizer_impl  # read by TrainingCore.configure_optimizers
     trainer = build_trainer(cfg, plan)
     if trainer.is_global_zero:
         output_dir.mkdir(parents=True, exist_ok=True)
@@ -207,6 +208,11 @@ def run(cfg: DictConfig) -> dict[str, Any]:
         k: float(v) for k, v in trainer.callback_metrics.items() if torch.is_tensor(v) and v.numel() == 1
     }
     metrics["iteration"] = float(model.iteration)
+    for callback in trainer.callbacks:
+        # Callbacks that log outside Lightning's callback_metrics (GAN evaluation) report their final numbers
+        # here, so a sweep can optimise e.g. `objective=eval/best_fid`.
+        if callable(getattr(callback, "final_metrics", None)):
+            metrics.update(callback.final_metrics())
     if trainer.is_global_zero:
         (output_dir / "final_metrics.json").write_text(json.dumps(metrics, indent=2, sort_keys=True))
     return metrics

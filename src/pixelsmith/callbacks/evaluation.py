@@ -109,12 +109,18 @@ class GANEvaluation(Callback):
         self.history: list[dict[str, float]] = []
         self._metric: GanMetrics | None = None
         self._last_iteration: int | None = None
+        self._applicable = True
 
     @property
     def enabled(self) -> bool:
-        return self.every_n_steps > 0 and self.num_samples > 0
+        return self._applicable and self.every_n_steps > 0 and self.num_samples > 0
 
     def setup(self, trainer, pl_module, stage: str) -> None:
+        if self.enabled and not callable(getattr(pl_module, "generate", None)):
+            # FID/KID score generated samples; a model without `generate(z)` (a stylizer) has none. Turning the
+            # callback off here lets `model=style_fast` work without also writing `callbacks.evaluation=null`.
+            log.info("%s has no generate(z): GAN evaluation is off for this run.", type(pl_module).__name__)
+            self._applicable = False
         # Built before the first step: missing extractor weights stop the run here, not an hour in.
         if self.enabled and self._metric is None:
             datamodule = trainer.datamodule
@@ -176,6 +182,17 @@ class GANEvaluation(Callback):
             self.best_value if self.best_value is not None else math.nan,
             self.best_iteration,
         )
+
+    def final_metrics(self) -> dict[str, float]:
+        """The last evaluation's scores as `eval/<name>` and the best as `eval/best_<monitor>` (for sweeps)."""
+        if not self.history:
+            return {}
+        last = {f"eval/{k}": float(v) for k, v in self.history[-1].items() if k != "iteration"}
+        return {
+            **last,
+            f"eval/best_{self.monitor}": float(self.best_value),
+            "eval/best_iteration": float(self.best_iteration),
+        }
 
     def _save_best(self, trainer) -> None:
         directory = self.output_dir / "checkpoints"

@@ -273,6 +273,9 @@ class TrainConfig:
     max_steps: int = 2000  # training iterations (one G and one D update each), whatever the optimizer count
     accumulate: int = 1  # micro-batches per optimizer step
     ckpt_path: str | None = None  # resume from this checkpoint
+    objective: str = (
+        "eval/best_fid"  # the final metric a sweep optimises (returned to Hydra, ranked in summary.md)
+    )
     hardware: HardwareConfig = field(default_factory=HardwareConfig)
     precision: PrecisionConfig = field(default_factory=PrecisionConfig)
     strategy: StrategyConfig = field(default_factory=StrategyConfig)

@@ -60,6 +60,9 @@ class CoreSettings:
     compile_mode: str = "default"
     seed: int = 42
     log_every_n_steps: int = 10
+    optimizer_impl: str = (
+        "foreach"  # Adam implementation: fused | foreach | for_loop | auto (hardware.optimizer_impl)
+    )
     run_config: dict[str, Any] | None = None  # the resolved run config, stored in every checkpoint
 
 
@@ -98,7 +101,7 @@ class TrainingCore(L.LightningModule):
         self._ema_pairs: list[tuple[str, EMA, nn.Module]] = []
         self.images_seen = 0
         self.skipped_files: torch.Tensor | int = 0
-        self._last_iteration_end: float | None = None
+        self._last_log_point: tuple[float, int] | None = None  # (perf_counter, images_seen) at the last log
         self.grad_allreduce_calls = 0
 
     # ---- what a subclass provides ------------------------------------------------------------------------------
@@ -165,8 +168,7 @@ class TrainingCore(L.LightningModule):
     def configure_optimizers(self):
         from pixelsmith.perf.switches import adam_implementation
 
-        # fused | foreach | for_loop | auto, from hardware.optimizer_impl (set on the module by pixelsmith.train).
-        impl = getattr(self, "optimizer_impl", "foreach")
+        impl = self.core.optimizer_impl
         optimizers, schedulers = [], []
         schedule = self.core.schedule
         total = schedule.total_steps or self.core.max_steps
@@ -387,29 +389,12 @@ class TrainingCore(L.LightningModule):
         self.iteration += 1
         for sched in self._schedulers():
             sched.step()
-        now = time.perf_counter()
-        metrics: dict[str, Any] = dict(logs or {})
-        if self._last_iteration_end is not None:
-            metrics["perf/img_per_s"] = self._images_per_iteration / max(now - self._last_iteration_end, 1e-9)
-        self._last_iteration_end = now
-        if self.iteration % self.core.log_every_n_steps == 0 or self.iteration == 1:
-            metrics["train/iteration"] = float(self.iteration)
-            metrics["train/kimg"] = self.images_seen / 1000.0
-            if torch.is_tensor(self.skipped_files):
-                metrics["data/skipped_files"] = self.skipped_files.float()
-            metrics["guard/nonfinite_skipped"] = float(self.nonfinite_skipped)
-            metrics["guard/amp_overflow_skipped"] = float(self.amp_overflow_skipped)
-            if self.mixed_precision.scaler is not None:
-                metrics["amp/scale"] = float(self.mixed_precision.scaler.get_scale())
-            for name, index in self._optimizer_index.items():
-                metrics[f"lr/{name}"] = self._raw_optimizer(name).param_groups[0]["lr"]
-                del index
-            for name, norm in getattr(self, "_last_grad_norm", {}).items():
-                metrics[f"grad_norm/{name}"] = norm
-        if "perf/img_per_s" in metrics:
-            self.log("img/s", metrics.pop("perf/img_per_s"), prog_bar=True, on_step=True, logger=True)
-        if metrics:
-            self.log_dict(metrics, on_step=True, on_epoch=False, prog_bar=False)
+        iteration = self.iteration
+        if iteration % self.core.log_every_n_steps == 0 or iteration == 1 or iteration >= self.core.max_steps:
+            # Only on logging iterations: the loggers write nothing in between, and every `self.log` call costs
+            # ~0.4 ms of Lightning bookkeeping (docs/performance.md, "Template overhead"); the values logged are
+            # this iteration's, exactly what the loggers would have written.
+            self._log_iteration(logs)
         limit = self.core.nonfinite_max_consecutive
         if limit and self._nonfinite_streak >= limit:
             raise NonFiniteError(
@@ -422,10 +407,44 @@ class TrainingCore(L.LightningModule):
             self.trainer.should_stop = True
 
     # ---- Lightning hooks ----------------------------------------------------------------------------------------
+    def _log_iteration(self, logs: dict[str, Any]) -> None:
+        metrics: dict[str, Any] = dict(logs)
+        now = time.perf_counter()
+        if self._last_log_point is not None:
+            # Averaged since the previous logging iteration: a steadier progress bar than one step's rate.
+            last_time, last_images = self._last_log_point
+            rate = (self.images_seen - last_images) / max(now - last_time, 1e-9)
+            self.log("img/s", rate, prog_bar=True, on_step=True, logger=True)
+        self._last_log_point = (now, self.images_seen)
+        metrics["train/iteration"] = float(self.iteration)
+        metrics["train/kimg"] = self.images_seen / 1000.0
+        if torch.is_tensor(self.skipped_files):
+            total = self.skipped_files.detach().float().clone()
+            if torch.distributed.is_available() and torch.distributed.is_initialized():
+                # Each rank reads its own files: the run's count is the sum (one scalar all-reduce per log).
+                torch.distributed.all_reduce(total)
+            metrics["data/skipped_files"] = total
+        metrics["guard/nonfinite_skipped"] = float(self.nonfinite_skipped)
+        metrics["guard/amp_overflow_skipped"] = float(self.amp_overflow_skipped)
+        if self.mixed_precision.scaler is not None:
+            metrics["amp/scale"] = float(self.mixed_precision.scaler.get_scale())
+        for name in self._optimizer_index:
+            metrics[f"lr/{name}"] = self._raw_optimizer(name).param_groups[0]["lr"]
+        for name, norm in getattr(self, "_last_grad_norm", {}).items():
+            metrics[f"grad_norm/{name}"] = norm
+        self.log_dict(metrics, on_step=True, on_epoch=False, prog_bar=False)
+
     def on_train_batch_start(self, batch: Any, batch_idx: int) -> None:
         # Fresh, deterministic randomness per (seed, rank, iteration): latents, augmentation and dropout are the same
         # whether the run went straight through or was resumed at any iteration.
-        torch.manual_seed(_mix_seed(self.core.seed, self.global_rank, self.iteration))
+        seed = _mix_seed(self.core.seed, self.global_rank, self.iteration)
+        # The generators a step uses, not torch.manual_seed: on a CUDA wheel that also queues a lazy seed for every
+        # CUDA device and captures a Python stack each call (~1 ms, docs/performance.md). Same streams, same results.
+        torch.default_generator.manual_seed(seed)
+        if self.device.type == "cuda":
+            torch.cuda.manual_seed(
+                seed
+            )  # this device's generator; CUDA is initialised by now, so no lazy stack
 
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         checkpoint["pixelsmith"] = {

@@ -26,7 +26,7 @@ def prepare_run(cfg: DictConfig, plan: RuntimePlan) -> PerfSwitches:
 
     switches = resolve_switches(cfg.hardware, plan)
     apply_switches(switches, plan)
-    choose_batch_size(cfg, plan, switches.optimizer_impl, switches.memory_fraction)
+    choose_batch_size(cfg, plan, switches.memory_fraction)
     return switches
 
 

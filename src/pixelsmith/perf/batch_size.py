@@ -223,7 +223,7 @@ def _config_key(cfg: DictConfig) -> str:
     return hashlib.sha1(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
-def make_training_trial(cfg: DictConfig, plan: RuntimePlan, optimizer_impl: str) -> Callable[[int], None]:
+def make_training_trial(cfg: DictConfig, plan: RuntimePlan) -> Callable[[int], None]:
     """One real training iteration of a fresh model at a given per-process micro-batch, on one device."""
     import lightning as L
 
@@ -241,7 +241,6 @@ def make_training_trial(cfg: DictConfig, plan: RuntimePlan, optimizer_impl: str)
     def trial(batch: int) -> None:
         datamodule.batch_size = batch
         model = build_model(trial_cfg, build_core_settings(trial_cfg, single))
-        model.optimizer_impl = optimizer_impl
         trainer = L.Trainer(
             accelerator=plan.accelerator,
             devices=[int(os.environ.get("LOCAL_RANK", 0))] if plan.accelerator == "cuda" else 1,
@@ -263,9 +262,7 @@ def make_training_trial(cfg: DictConfig, plan: RuntimePlan, optimizer_impl: str)
     return trial
 
 
-def choose_batch_size(
-    cfg: DictConfig, plan: RuntimePlan, optimizer_impl: str, memory_fraction: float | None
-) -> int | None:
+def choose_batch_size(cfg: DictConfig, plan: RuntimePlan, memory_fraction: float | None) -> int | None:
     """When `auto_batch.enabled`, search, set `cfg.data.batch_size` (global) and optionally scale the lrs."""
     auto = cfg.get("auto_batch")
     if auto is None or not auto.enabled:
@@ -289,7 +286,7 @@ def choose_batch_size(
             else torch.device("cpu")
         )
         budget = default_budget_mb(auto, plan, memory_fraction)
-        trial = make_training_trial(cfg, plan, optimizer_impl)
+        trial = make_training_trial(cfg, plan)
         start = int(auto.start or max(1, configured // world))
         # One unmeasured iteration first: one-time allocations (oneDNN/cuDNN primitives and workspaces, lazy
         # module state, Lightning internals) would otherwise be charged to the first measured batch.

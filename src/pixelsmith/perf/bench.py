@@ -212,6 +212,8 @@ def child_main(spec: dict[str, Any]) -> dict[str, Any]:
         if spec.get("count_flops"):
             result["flops_per_iteration"] = _count_plain_flops(cfg, plan, switches.optimizer_impl)
     result["img_per_s"] = _images_per_second(ends, spec["warmup"], spec["steps"], cell.batch_size)
+    timed = ends[spec["warmup"] - 1 : spec["warmup"] + spec["steps"]]
+    result["iteration_seconds"] = [b - a for a, b in zip(timed, timed[1:], strict=False)]
     # Images per CPU-second (all threads): on a shared machine wall time absorbs other people's load, CPU time
     # mostly does not, so the overhead ratio in CPU time is the steadier of the two.
     result["img_per_cpu_s"] = _images_per_second(cpu_ends, spec["warmup"], spec["steps"], cell.batch_size)
@@ -240,9 +242,12 @@ def run_child(spec: dict[str, Any], timeout: float) -> dict[str, Any]:
     lines = [line for line in proc.stdout.splitlines() if line.startswith(RESULT_PREFIX)]
     if proc.returncode != 0 or not lines:
         tail = "\n".join((proc.stdout + proc.stderr).strip().splitlines()[-15:])
-        return {"kind": spec["kind"], "error": f"exit {proc.returncode}: {tail}"}
+        failed = {"kind": spec["kind"], "cell": spec["cell"], "error": f"exit {proc.returncode}: {tail}"}
+        (output_dir / "result.json").write_text(json.dumps(failed))
+        return failed
     result = json.loads(lines[-1][len(RESULT_PREFIX) :])
     result["process_seconds"] = time.perf_counter() - started
+    (output_dir / "result.json").write_text(json.dumps(result))
     return result
 
 
@@ -309,16 +314,8 @@ def run_matrix(args: argparse.Namespace) -> dict[str, Any]:
     cells = build_cells(args)
     out = Path(args.out or Path("outputs") / "bench" / datetime.now().strftime("%Y-%m-%d_%H-%M-%S_%f"))
     out.mkdir(parents=True, exist_ok=True)
-    base = {
-        "hardware": args.hardware,
-        "resolution": args.resolution,
-        "warmup": args.warmup,
-        "steps": args.steps,
-        "threads": args.threads,
-        "extra_overrides": list(args.override or []),
-    }
+    base = _base_settings(args)
     kinds = ["template"] + ([] if args.no_plain else ["plain"])
-    runs: dict[str, dict[str, list[dict[str, Any]]]] = {c.slug: {k: [] for k in kinds} for c in cells}
     flops: dict[str, int] = {}
     load_start = load_average()
     for precision in sorted({c.precision for c in cells}):
@@ -339,10 +336,10 @@ def run_matrix(args: argparse.Namespace) -> dict[str, Any]:
                 result = run_child(spec, args.timeout)
                 if "flops_per_iteration" in result:
                     flops[cell.slug] = result["flops_per_iteration"]
-                runs[cell.slug][kind].append(result)
                 shown = f"{result['img_per_s']:.1f} img/s" if "img_per_s" in result else result["error"][:300]
                 print(f"  [{repeat + 1}/{args.repeats}] {cell.name} {kind}: {shown}", flush=True)
-    breakdown = None
+        # A report after every round: an interrupted benchmark still leaves one (and --report-from rebuilds it).
+        write_report(out, args, load_start, time.perf_counter() - started)
     if args.breakdown and cells:
         target = cells[-1]
         spec = {
@@ -353,14 +350,75 @@ def run_matrix(args: argparse.Namespace) -> dict[str, Any]:
             "run_overrides": ["profiler=breakdown", f"profiler.warmup_steps={args.warmup}"],
         }
         result = run_child(spec, args.timeout)
-        if "breakdown_csv" in result:
-            breakdown = {"cell": target.name, "img_per_s": result["img_per_s"], **_read_breakdown(result)}
-        else:
-            breakdown = {"cell": target.name, "error": result.get("error", "no breakdown written")}
         print(
             f"  breakdown run ({target.name}): {result.get('img_per_s', float('nan')):.1f} img/s", flush=True
         )
-    records = [_cell_record(cell, runs[cell.slug], flops.get(cell.slug), args) for cell in cells]
+    report = write_report(out, args, load_start, time.perf_counter() - started)
+    print(
+        f"bench: wrote {out / 'bench.json'}, bench.md, bench.png in {report['wall_seconds']:.0f} s",
+        flush=True,
+    )
+    return report
+
+
+def _base_settings(args: argparse.Namespace) -> dict[str, Any]:
+    return {
+        "hardware": args.hardware,
+        "resolution": args.resolution,
+        "warmup": args.warmup,
+        "steps": args.steps,
+        "threads": args.threads,
+        "extra_overrides": list(args.override or []),
+    }
+
+
+def collect_runs(out: Path) -> tuple[dict[str, dict[str, list[dict[str, Any]]]], dict[str, Any] | None]:
+    """Every run's result.json under `out/runs/<cell>/<repeat>-<kind>/` (in repeat order), and the breakdown run."""
+    runs: dict[str, dict[str, list[dict[str, Any]]]] = {}
+    breakdown = None
+    for cell_dir in sorted((out / "runs").glob("*")):
+        by_kind: dict[str, list[dict[str, Any]]] = {}
+        run_dirs = sorted(
+            cell_dir.glob("*-*"), key=lambda d: int(d.name.split("-")[0]) if d.name[0].isdigit() else -1
+        )
+        for run_dir in run_dirs:
+            path = run_dir / "result.json"
+            if path.is_file() and run_dir.name[0].isdigit():
+                result = json.loads(path.read_text())
+                by_kind.setdefault(result["kind"], []).append(result)
+        runs[cell_dir.name] = by_kind
+        result_path = cell_dir / "breakdown" / "result.json"
+        if result_path.is_file():
+            result = json.loads(result_path.read_text())
+            name = Cell(**result["cell"]).name
+            if "breakdown_csv" in result:
+                breakdown = {"cell": name, "img_per_s": result["img_per_s"], **_read_breakdown(result)}
+            else:
+                breakdown = {"cell": name, "error": result.get("error", "no breakdown written")}
+    return runs, breakdown
+
+
+def write_report(
+    out: Path, args: argparse.Namespace, load_start, wall_seconds: float | None
+) -> dict[str, Any]:
+    cells = build_cells(args)
+    runs, breakdown = collect_runs(out)
+    flops = {
+        slug: r["flops_per_iteration"]
+        for slug, kinds in runs.items()
+        for results in kinds.values()
+        for r in results
+        if "flops_per_iteration" in r
+    }
+    kinds = ["template"] + ([] if args.no_plain else ["plain"])
+    records = [_cell_record(cell, runs.get(cell.slug, {}), flops.get(cell.slug), args) for cell in cells]
+    load_end = load_average()
+    previous = out / "bench.json"
+    if load_start is None and previous.is_file():
+        # A rebuild (--report-from) keeps the load averages and duration of the run that measured.
+        old = json.loads(previous.read_text())
+        load_start, load_end = old["machine"]["load_average_start"], old["machine"]["load_average_end"]
+        wall_seconds = old.get("wall_seconds")
     report = {
         "created": datetime.now().isoformat(timespec="seconds"),
         "machine": {
@@ -369,11 +427,11 @@ def run_matrix(args: argparse.Namespace) -> dict[str, Any]:
             "python": platform.python_version(),
             "torch": _torch_version(),
             "load_average_start": load_start,
-            "load_average_end": load_average(),
+            "load_average_end": load_end,
             "cpu_count": os.cpu_count(),
         },
-        "settings": {**base, "repeats": args.repeats, "kinds": kinds},
-        "wall_seconds": time.perf_counter() - started,
+        "settings": {**_base_settings(args), "repeats": args.repeats, "kinds": kinds},
+        "wall_seconds": wall_seconds,
         "cells": records,
         "speedups": _speedups(records),
         "breakdown": breakdown,
@@ -381,10 +439,6 @@ def run_matrix(args: argparse.Namespace) -> dict[str, Any]:
     (out / "bench.json").write_text(json.dumps(report, indent=2))
     (out / "bench.md").write_text(bench_markdown(report))
     bench_png(out / "bench.png", report)
-    print(
-        f"bench: wrote {out / 'bench.json'}, bench.md, bench.png in {report['wall_seconds']:.0f} s",
-        flush=True,
-    )
     return report
 
 
@@ -412,6 +466,13 @@ def _cell_record(
 
     pairs = pair_ratios("img_per_s")
     template_cpu = [r["img_per_cpu_s"] for r in runs.get("template", []) if "img_per_cpu_s" in r]
+
+    def best_iteration(kind: str) -> float | None:
+        # timeit's rule on a shared machine: the fastest iteration is the one least disturbed by other load.
+        times = [t for r in runs.get(kind, []) for t in r.get("iteration_seconds", [])]
+        return cell.batch_size / min(times) if times else None
+
+    best_template, best_plain = best_iteration("template"), best_iteration("plain")
     peak_rss = [r["peak_rss_mb"] for r in runs.get("template", []) if "peak_rss_mb" in r]
     peak_rss_plain = [r["peak_rss_mb"] for r in runs.get("plain", []) if "peak_rss_mb" in r]
     record: dict[str, Any] = {
@@ -422,6 +483,8 @@ def _cell_record(
         "overhead": _stats(pairs),  # plain / template - 1, per interleaved pair
         "template_img_per_cpu_s": _stats(template_cpu),  # images per CPU-second (all threads)
         "overhead_cpu_time": _stats(pair_ratios("img_per_cpu_s")),  # the same ratio in process CPU time
+        "best_iteration_img_per_s": {"template": best_template, "plain": best_plain},
+        "overhead_best_iteration": best_plain / best_template - 1.0 if best_template and best_plain else None,
         "peak_rss_mb": _stats(peak_rss),
         "plain_peak_rss_mb": _stats(peak_rss_plain),
         "flops_per_iteration": flops,
@@ -450,6 +513,9 @@ def _speedups(records: list[dict[str, Any]]) -> dict[str, Any]:
                 "vs": base["name"],
                 "speedup": record["template_img_per_s"]["median"] / base["template_img_per_s"]["median"],
             }
+            best, base_best = (r.get("best_iteration_img_per_s", {}).get("template") for r in (record, base))
+            if best and base_best:
+                out[record["name"]]["speedup_best_iteration"] = best / base_best
     return out
 
 
@@ -463,6 +529,22 @@ def _fmt_stats(stats: dict[str, float] | None, scale: float = 1.0, digits: int =
     )
 
 
+def _fmt_speedup(speed: dict[str, Any] | None) -> str:
+    if not speed:
+        return "n/a"
+    best = speed.get("speedup_best_iteration")
+    return f"{speed['speedup']:.2f}x" + (f"; {best:.2f}x" if best else "")
+
+
+def _fmt_best(record: dict[str, Any]) -> str:
+    best = record.get("best_iteration_img_per_s") or {}
+    if not best.get("template"):
+        return "n/a"
+    text = f"{best['template']:.1f} / {best['plain']:.1f}" if best.get("plain") else f"{best['template']:.1f}"
+    overhead = record.get("overhead_best_iteration")
+    return text + (f" ({100 * overhead:+.1f}%)" if overhead is not None else "")
+
+
 def bench_markdown(report: dict[str, Any]) -> str:
     m, s = report["machine"], report["settings"]
     lines = [
@@ -474,8 +556,9 @@ def bench_markdown(report: dict[str, Any]) -> str:
         f"{m['load_average_start']}, at end {m['load_average_end']}. Medians with (min – max).",
         "",
         "| cell | template img/s | plain loop img/s | overhead (plain/template - 1) | overhead in CPU time | "
-        "speedup vs first | peak RSS MB | GFLOP/iter | MFU |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "best iteration img/s, template / plain | speedup vs first (median; best iteration) | peak RSS MB | "
+        "GFLOP/iter | MFU |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for record in report["cells"]:
         speed = report["speedups"].get(record["name"])
@@ -486,7 +569,8 @@ def bench_markdown(report: dict[str, Any]) -> str:
             _fmt_stats(record["plain_img_per_s"]),
             _fmt_stats(record["overhead"], 100, 1, "%"),
             _fmt_stats(record.get("overhead_cpu_time"), 100, 1, "%"),
-            f"{speed['speedup']:.2f}x" if speed else "n/a",
+            _fmt_best(record),
+            _fmt_speedup(speed),
             _fmt_stats(record["peak_rss_mb"], 1, 0),
             f"{flops / 1e9:.2f}" if flops else "n/a",
             f"{100 * record['mfu']:.1f}%" if record.get("mfu") else "n/a",
@@ -500,10 +584,18 @@ def bench_markdown(report: dict[str, Any]) -> str:
             *[f"- {name}: {error.splitlines()[-1] if error else ''}" for name, error in errors],
         ]
     peaks = {r["peak_source"] for r in report["cells"]}
+    if any((r.get("mfu") or 0) > 1.0 for r in report["cells"]):
+        lines += [
+            "",
+            "**MFU above 100%: the CPU GEMM peak in the cache was measured under load and is too low. Re-measure "
+            "on a quiet machine (`python -m pixelsmith.perf.flops --refresh`) and rebuild this report with "
+            "`python bench.py --report-from <dir>`.**",
+        ]
     lines += [
         "",
         "Overhead in CPU time: the same ratio with each run's process CPU time (all threads) instead of wall "
-        "time; on a shared machine it absorbs less of other people's load.",
+        "time; on a shared machine it absorbs less of other people's load. Best iteration: the fastest timed "
+        "iteration over all repeats (timeit's rule), the estimate least disturbed by other load.",
         "MFU peaks: " + "; ".join(sorted(peaks)),
     ]
     breakdown = report.get("breakdown")
@@ -594,6 +686,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--override", nargs="*", default=None, help="extra Hydra overrides for every run")
     parser.add_argument("--out", default=None, help="run dir (default outputs/bench/<timestamp>)")
     parser.add_argument("--timeout", type=float, default=1800.0, help="seconds per run")
+    parser.add_argument(
+        "--report-from",
+        default=None,
+        dest="report_from",
+        help="rebuild bench.json/md/png from the runs in this dir (same matrix options as the original run)",
+    )
     parser.add_argument("--child", default=None, help=argparse.SUPPRESS)
     return parser.parse_args(argv)
 
@@ -603,6 +701,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.child is not None:
         result = child_main(json.loads(args.child))
         print(RESULT_PREFIX + json.dumps(result), flush=True)
+        return 0
+    if args.report_from is not None:
+        report = write_report(Path(args.report_from), args, None, None)
+        print(f"bench: rebuilt the report of {len(report['cells'])} cells in {args.report_from}", flush=True)
         return 0
     if args.warmup < 1 or args.steps < 1 or args.repeats < 1:
         raise SystemExit("--warmup, --steps and --repeats must be at least 1.")

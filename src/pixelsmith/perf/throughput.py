@@ -141,6 +141,13 @@ class ThroughputMonitor(Callback):
                 achieved = self.flops_per_iteration / mean
                 summary["achieved_tflops"] = achieved / TFLOPS
                 summary["mfu"] = achieved / self.peak_flops if self.peak_flops else None
+                if summary["mfu"] and summary["mfu"] > 1.0:
+                    log.warning(
+                        "MFU %.0f%% > 100%%: the peak (%s) is too low. On a CPU it was measured under load; "
+                        "re-measure on a quiet machine with `python -m pixelsmith.perf.flops --refresh`.",
+                        100 * summary["mfu"],
+                        self.peak_source,
+                    )
         self.summary = summary
         if trainer.is_global_zero:
             self.dirpath.mkdir(parents=True, exist_ok=True)

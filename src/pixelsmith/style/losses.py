@@ -154,11 +154,15 @@ class AdaINLoss(nn.Module):
         self.content_weight = content_weight
         self.style_weight = style_weight
 
-    def forward(self, output: Tensor, target: Tensor, style: Tensor) -> LossTerms:
-        """output, target: from `AdaINNet.forward_train(content, style)`; style: the style batch."""
+    def forward(
+        self, output: Tensor, target: Tensor, style: Tensor, style_features: dict[str, Tensor] | None = None
+    ) -> LossTerms:
+        """output, target: from `AdaINNet.forward_train(content, style)`; style: the style batch;
+        style_features: `encoder(style)` if the caller computed it already (one style pass per step, not two)."""
         encoder = self.net.encoder
-        with torch.no_grad():
-            style_features = encoder(style)
+        if style_features is None:
+            with torch.no_grad():
+                style_features = encoder(style)
         output_features = encoder(output)
         c_loss = content_loss(output_features["relu4_1"], target.detach())
         s_loss = sum(mean_std_loss(output_features[name], style_features[name]) for name in encoder.layers)

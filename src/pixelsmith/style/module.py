@@ -416,9 +416,11 @@ class AdaINModule(StyleTransferModule):
 
     def compute_losses(self, content: Tensor, style: Tensor | None):
         with self.phase("style_fwd"), self.autocast():
-            output, target = self.net.forward_train(content, style)
+            with torch.no_grad():  # one style pass serves the AdaIN target and the style loss
+                style_features = self.net.encoder(style)
+            output, target = self.net.forward_train(content, style, style_features)
         with self.phase("loss_fwd"), self.autocast():
-            return self._views["loss"](output, target, style)
+            return self._views["loss"](output, target, style, style_features)
 
     def _full_style(self, index: int) -> Tensor:
         return self.styles[index][None].to(self.device)

@@ -288,16 +288,24 @@ class AdaINNet(nn.Module):
     def encode(self, x: Tensor) -> dict[str, Tensor]:
         return self.encoder(x)
 
-    def style_statistics(self, style: Tensor) -> tuple[Tensor, Tensor]:
-        """relu4_1 per-channel mean and std (sqrt(var + eps)) of the style images, float32, (B, 512, 1, 1)."""
-        mean, var = channel_mean_var(self.encoder(style, layers=("relu4_1",))["relu4_1"])
+    def style_statistics(
+        self, style: Tensor, style_features: dict[str, Tensor] | None = None
+    ) -> tuple[Tensor, Tensor]:
+        """relu4_1 per-channel mean and std (sqrt(var + eps)) of the style images, float32, (B, 512, 1, 1).
+        `style_features`: the encoder's features of `style` when the caller has them already."""
+        if style_features is None:
+            style_features = self.encoder(style, layers=("relu4_1",))
+        mean, var = channel_mean_var(style_features["relu4_1"])
         return mean, torch.sqrt(var + self.eps)
 
-    def forward_train(self, content: Tensor, style: Tensor) -> tuple[Tensor, Tensor]:
-        """(decoded image, AdaIN target features t); content and style batches of equal size (or style batch 1)."""
+    def forward_train(
+        self, content: Tensor, style: Tensor, style_features: dict[str, Tensor] | None = None
+    ) -> tuple[Tensor, Tensor]:
+        """(decoded image, AdaIN target features t); content and style batches of equal size (or style batch 1).
+        Pass `style_features` (encoder(style), no grad) to share one style pass with `AdaINLoss`."""
         with torch.no_grad():  # the encoder is frozen and the inputs are data: no graph needed up to t
             content_features = self.encoder(content, layers=("relu4_1",))["relu4_1"]
-            style_mean, style_std = self.style_statistics(style)
+            style_mean, style_std = self.style_statistics(style, style_features)
             target = self.adain(content_features, style_mean, style_std)
         return self.decoder(target), target
 
