@@ -73,6 +73,10 @@ def test_bench_runs_a_tiny_matrix_end_to_end(tmp_path, monkeypatch):
     speedup = report["speedups"][cells[0]["name"]]
     assert speedup == {"vs": cells[0]["name"], "speedup": 1.0, "speedup_best_iteration": 1.0}
     best = cells[0]["best_iteration_img_per_s"]
+    medians = cells[0]["median_iteration_ms"]
+    assert cells[0]["overhead_median_iteration"] == pytest.approx(medians["template"] / medians["plain"] - 1)
+    # The best iteration is no slower than the median one.
+    assert 1000 * 8 / best["template"] <= medians["template"]
     assert best["template"] >= cells[0]["template_img_per_s"]["max"] and best["plain"] > 0
     # The report is rebuilt from the run dirs alone (an interrupted benchmark keeps its results).
     (out / "bench.json").unlink()
