@@ -23,11 +23,14 @@ from pixelsmith.data.sampler import IterationSampler
 class TinyCore(TrainingCore):
     """Linear regression on the core; `poison` maps iteration -> factor multiplied into the loss (NaN to poison)."""
 
-    def __init__(self, core: CoreSettings, poison: dict[int, float] | None = None):
+    def __init__(
+        self, core: CoreSettings, poison: dict[int, float] | None = None, grad_poison: set[int] | None = None
+    ):
         super().__init__(core)
         torch.manual_seed(0)
         self.net = nn.Linear(16, 1)
         self.poison = poison or {}
+        self.grad_poison = grad_poison or set()  # iterations whose gradients (not loss) turn NaN
         self.grad_norms_at_step: list[float] = []
         self.weights_before: list[torch.Tensor] = []
 
@@ -60,6 +63,10 @@ class TinyCore(TrainingCore):
             pred = self.net(x)
         loss = (pred.float() - y).square().mean() * 0.01 * self.poison.get(self.iteration, 1.0)
         self.loss_backward(loss, "net")
+        if self.iteration in self.grad_poison:
+            self.net.weight.grad.fill_(
+                math.nan
+            )  # a finite loss with NaN gradients (e.g. a bad custom backward)
         self.step("net")
         self.end_iteration(x.shape[0], {"loss": loss.detach()})
 
@@ -121,6 +128,52 @@ def test_a_non_finite_step_is_skipped_counted_and_training_goes_on(precision):
     assert torch.equal(module.weights_before[1], module.weights_before[2])
     assert not torch.equal(module.weights_before[2], module.weights_before[3])
     assert torch.isfinite(module.net.weight).all()
+
+
+@pytest.mark.parametrize("precision", ["32-true", "16-mixed"])
+def test_nan_gradients_with_a_finite_loss_stop_the_run_in_every_precision(precision):
+    """Under 16-mixed the GradScaler takes NaN gradients for an overflow and would halve the scale forever: K
+    skipped steps in a row of one optimizer stop the run whatever the cause."""
+    module = TinyCore(
+        CoreSettings(precision=precision, max_steps=50, nonfinite_max_consecutive=3),
+        grad_poison=set(range(2, 100)),
+    )
+    with pytest.raises(NonFiniteError, match="3 consecutive steps of optimizer net"):
+        _fit(module)
+    assert module.iteration == 5  # iterations 2, 3, 4 skipped; the check after the third stops
+    skipped = module.amp_overflow_skipped if precision == "16-mixed" else module.nonfinite_skipped
+    assert skipped == 3
+
+
+class TwoOptimizerCore(TinyCore):
+    """TinyCore plus a second network with its own optimizer whose gradients are always NaN."""
+
+    def __init__(self, core: CoreSettings):
+        super().__init__(core)
+        self.other = nn.Linear(16, 1)
+
+    def networks(self):
+        return {"net": self.net, "other": self.other}
+
+    def optimizer_definitions(self):
+        config = OptimizerConfig(lr=1e-2, betas=[0.9, 0.999])
+        return [
+            *super().optimizer_definitions(),
+            OptimizerDefinition("other", list(self.other.parameters()), config),
+        ]
+
+    def training_step(self, batch, batch_idx):
+        x, _ = batch
+        self.loss_backward(self.other(x).square().mean() * math.nan, "other")
+        self.step("other")
+        super().training_step(batch, batch_idx)  # "net" steps fine every iteration
+
+
+def test_an_optimizer_that_never_steps_stops_the_run_while_another_one_does():
+    module = TwoOptimizerCore(CoreSettings(max_steps=50, nonfinite_max_consecutive=4))
+    with pytest.raises(NonFiniteError, match="4 consecutive steps of optimizer other"):
+        _fit(module)
+    assert module.iteration == 4
 
 
 def test_consecutive_non_finite_steps_stop_with_a_message_and_keep_the_last_checkpoint(tmp_path):

@@ -114,6 +114,9 @@ def test_short_train_writes_samples_metrics_and_a_contract_checkpoint(
     for key in ("loss/total", "loss/content", "loss/style"):
         assert math.isfinite(metrics[key]) and metrics[key] > 0, key
     assert 0 < metrics["val/content_ssim"] < 1
+    assert (
+        0 < metrics["val/content_psnr"] < 60
+    )  # dB against the content photo: a stylized image is far from it
     assert metrics["val/content_lpips"] > 0 and metrics["val/style_gram_distance"] > 0
     samples = sorted(p.name for p in (out / "samples").glob("*.png"))
     assert samples == ["step_0000000.png", "step_0000002.png", "step_0000004.png"]

@@ -1,6 +1,6 @@
 """Style-transfer validation every N iterations on the model's fixed content/style pairs.
 
-Logged as `val/content_ssim` (result vs content, torchmetrics SSIM), `val/content_lpips` (torchmetrics LPIPS, when
+Logged as `val/content_ssim` (result vs content, torchmetrics SSIM), `val/content_psnr` (torchmetrics PSNR, dB), `val/content_lpips` (torchmetrics LPIPS, when
 `model.validation.lpips` is on) and `val/style_gram_distance` (the Gram distance of `pixelsmith.metrics` at the loss
 network's style layers: the very function the fast model's style loss is made of), to every logger at the model's
 iteration, into `trainer.callback_metrics`, and appended to `<run>/style_validation.json`.
@@ -27,7 +27,7 @@ import torch
 from lightning.pytorch.callbacks import Callback
 
 from pixelsmith.errors import PixelsmithError
-from pixelsmith.metrics.image_metrics import LPIPS, ContentSSIM, StyleGramDistance
+from pixelsmith.metrics.image_metrics import LPIPS, ContentSSIM, ImagePSNR, StyleGramDistance
 from pixelsmith.metrics.weights import MissingWeightsError
 
 log = logging.getLogger(__name__)
@@ -51,7 +51,11 @@ class StyleValidation(Callback):
                 "Remove it with callbacks.style_validation=null."
             )
         settings = pl_module.validation
-        metrics: dict[str, Any] = {"content_ssim": ContentSSIM(), "style_gram_distance": StyleGramDistance()}
+        metrics: dict[str, Any] = {
+            "content_ssim": ContentSSIM(),
+            "content_psnr": ImagePSNR(),
+            "style_gram_distance": StyleGramDistance(),
+        }
         if settings.lpips:
             try:
                 metrics["content_lpips"] = LPIPS(

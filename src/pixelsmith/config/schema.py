@@ -144,11 +144,13 @@ class TransformerNetConfig:
     base_channels: int = 32
     num_residual_blocks: int = 5
     output_activation: str = "sigmoid"  # sigmoid | none
+    gradient_checkpointing: bool = False  # recompute activations in backward: less memory, one extra forward
 
 
 @dataclass
 class AdaINDecoderConfig:
     width: float = 1.0  # channel multiplier of the VGG19-mirror decoder (1.0 = the paper's)
+    gradient_checkpointing: bool = False  # keep only each resolution stage's input; recompute in backward
 
 
 @dataclass

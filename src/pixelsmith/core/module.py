@@ -90,7 +90,8 @@ class TrainingCore(L.LightningModule):
         self.iteration = 0
         self.nonfinite_skipped = 0
         self.amp_overflow_skipped = 0
-        self._nonfinite_streak = 0
+        # Consecutive skipped steps per optimizer: a D that never steps while G does must still stop the run.
+        self._nonfinite_streaks: dict[str, int] = {}
         self._optimizer_index: dict[str, int] = {}
         self._float_buffers: dict[str, list[torch.Tensor]] = {}
         self._loss_nonfinite: dict[str, torch.Tensor] = {}
@@ -336,28 +337,31 @@ class TrainingCore(L.LightningModule):
                 scaler.update()
                 applied = scaler.get_scale() >= scale_before
                 if not applied:
+                    # An occasional fp16 overflow is the scaler doing its job (it halves the scale and retries);
+                    # K in a row means the scale has fallen by 2^K and the gradients are NaN for another reason.
                     self.amp_overflow_skipped += 1
+                    self._nonfinite_streaks[name] = self._nonfinite_streaks.get(name, 0) + 1
                 else:
-                    self._nonfinite_streak = 0
+                    self._nonfinite_streaks[name] = 0
         elif bool(bad):
             applied = False
             self._count_nonfinite(name)
         else:
             opt.step()
-            self._nonfinite_streak = 0
+            self._nonfinite_streaks[name] = 0
         opt.zero_grad(set_to_none=True)
         self._last_grad_norm = {**getattr(self, "_last_grad_norm", {}), name: norm.detach()}
         return applied
 
     def _count_nonfinite(self, name: str) -> None:
         self.nonfinite_skipped += 1
-        self._nonfinite_streak += 1
+        self._nonfinite_streaks[name] = self._nonfinite_streaks.get(name, 0) + 1
         log.warning(
             "Iteration %d: non-finite loss or gradients for optimizer %s; step skipped (%d so far, %d in a row).",
             self.iteration,
             name,
             self.nonfinite_skipped,
-            self._nonfinite_streak,
+            self._nonfinite_streaks[name],
         )
 
     def world_all_reduce(self, tensor: torch.Tensor) -> torch.Tensor:
@@ -396,12 +400,14 @@ class TrainingCore(L.LightningModule):
             # this iteration's, exactly what the loggers would have written.
             self._log_iteration(logs)
         limit = self.core.nonfinite_max_consecutive
-        if limit and self._nonfinite_streak >= limit:
+        worst = max(self._nonfinite_streaks, key=self._nonfinite_streaks.get, default=None)
+        if limit and worst is not None and self._nonfinite_streaks[worst] >= limit:
             raise NonFiniteError(
-                f"Stopped at iteration {self.iteration}: {self._nonfinite_streak} consecutive optimizer steps had "
-                "non-finite losses or gradients. The last checkpoint written before this is intact. Usual fixes: a "
-                "lower learning rate, train.clip_grad_norm=1.0, precision=32-true to rule out overflow, or a look at "
-                "the data for NaNs. The limit is train.nonfinite_max_consecutive."
+                f"Stopped at iteration {self.iteration}: {self._nonfinite_streaks[worst]} consecutive steps of "
+                f"optimizer {worst} had non-finite losses or gradients (fp16 overflows included). The last checkpoint "
+                "written before this is intact. Usual fixes: a lower learning rate, train.clip_grad_norm=1.0, "
+                "precision=32-true to rule out overflow, or a look at the data for NaNs. The limit is "
+                "train.nonfinite_max_consecutive."
             )
         if self.iteration >= self.core.max_steps:
             self.trainer.should_stop = True
@@ -452,7 +458,7 @@ class TrainingCore(L.LightningModule):
             "images_seen": self.images_seen,
             "nonfinite_skipped": self.nonfinite_skipped,
             "amp_overflow_skipped": self.amp_overflow_skipped,
-            "nonfinite_streak": self._nonfinite_streak,
+            "nonfinite_streaks": dict(self._nonfinite_streaks),
             "grad_scaler": self.mixed_precision.state_dict(),
             "precision": self.core.precision,
         }
@@ -469,7 +475,7 @@ class TrainingCore(L.LightningModule):
         self.images_seen = int(state["images_seen"])
         self.nonfinite_skipped = int(state["nonfinite_skipped"])
         self.amp_overflow_skipped = int(state["amp_overflow_skipped"])
-        self._nonfinite_streak = int(state["nonfinite_streak"])
+        self._nonfinite_streaks = {k: int(v) for k, v in state.get("nonfinite_streaks", {}).items()}
         self._pending_precision_state = state.get("grad_scaler") or None
         self._precision = None
 

@@ -63,7 +63,7 @@ def export_onnx(model: nn.Module, path: Path, example: Tensor, opset: int | None
     height = torch.export.Dim("height", min=16, max=16384)
     width = torch.export.Dim("width", min=16, max=16384)
     kwargs = {"opset_version": opset} if opset is not None else {}
-    with warnings.catch_warnings():
+    with warnings.catch_warnings(), torch.no_grad():  # no_grad: inference graph, no checkpointing wrappers
         warnings.simplefilter("ignore")  # the exporter reports every decomposition it applies
         program = torch.onnx.export(
             model,

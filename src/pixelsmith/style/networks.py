@@ -21,8 +21,23 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+from torch.utils.checkpoint import checkpoint
 
 from pixelsmith.style.loss_network import VGGFeatures
+
+
+def checkpointed_sequence(segments: list[nn.Module], x: Tensor) -> Tensor:
+    """Run `segments` in order keeping only each segment's input for backward (gradient checkpointing): the
+    activations inside a segment are recomputed in the backward pass, one extra forward for less memory."""
+    for segment in segments:
+        x = checkpoint(segment, x, use_reentrant=False)
+    return x
+
+
+def _checkpointing_active(enabled: bool) -> bool:
+    # Only while a graph is being built (under no_grad nothing is saved anyway), and never in TorchScript, which
+    # cannot compile torch.utils.checkpoint (export scripts the same module).
+    return enabled and torch.is_grad_enabled() and not torch.jit.is_scripting()
 
 
 def padding_to_multiple(x: Tensor, multiple: int) -> list[int]:
@@ -88,12 +103,18 @@ class TransformerNet(nn.Module):
 
     `base_channels=32, num_residual_blocks=5` is the paper's size (1.7M parameters). `output_activation="sigmoid"`
     keeps the output in [0, 1], so what the loss network sees is what gets saved; "none" is the paper's linear output.
+    `gradient_checkpointing=True` keeps only the inputs of the encoder, of each residual block and of the decoder
+    during training and recomputes the rest in backward (for larger crops or batches in the same memory).
     """
 
     size_multiple = 4
 
     def __init__(
-        self, base_channels: int = 32, num_residual_blocks: int = 5, output_activation: str = "sigmoid"
+        self,
+        base_channels: int = 32,
+        num_residual_blocks: int = 5,
+        output_activation: str = "sigmoid",
+        gradient_checkpointing: bool = False,
     ):
         super().__init__()
         if output_activation not in ("sigmoid", "none"):
@@ -103,8 +124,10 @@ class TransformerNet(nn.Module):
             "base_channels": base_channels,
             "num_residual_blocks": num_residual_blocks,
             "output_activation": output_activation,
+            "gradient_checkpointing": gradient_checkpointing,
         }
         self.use_sigmoid = output_activation == "sigmoid"
+        self.gradient_checkpointing = gradient_checkpointing
         self.encoder = nn.Sequential(
             ConvLayer(3, c, 9),
             nn.InstanceNorm2d(c, affine=True),
@@ -131,13 +154,25 @@ class TransformerNet(nn.Module):
     def from_config(cls, config: dict[str, Any] | None) -> TransformerNet:
         return cls(
             **_constructor_kwargs(
-                cls, config or {}, ("base_channels", "num_residual_blocks", "output_activation")
+                cls,
+                config or {},
+                ("base_channels", "num_residual_blocks", "output_activation", "gradient_checkpointing"),
             )
         )
 
+    @torch.jit.unused
+    def _checkpointed_body(
+        self, x
+    ):  # unannotated: TorchScript's stub of an unused method cannot resolve names
+        return checkpointed_sequence([self.encoder, *self.residuals, self.decoder], x)
+
     def forward(self, x: Tensor) -> Tensor:
         padding = padding_to_multiple(x, 4)
-        y = self.decoder(self.residuals(self.encoder(F.pad(x, padding, mode="reflect"))))
+        x = F.pad(x, padding, mode="reflect")
+        if _checkpointing_active(self.gradient_checkpointing):
+            y = self._checkpointed_body(x)
+        else:
+            y = self.decoder(self.residuals(self.encoder(x)))
         y = crop_padding(y, padding)
         return torch.sigmoid(y) if self.use_sigmoid else y
 
@@ -203,9 +238,10 @@ class AdaINDecoder(nn.Module):
     (VGG19 relu4_1).
     """
 
-    def __init__(self, width: float = 1.0):
+    def __init__(self, width: float = 1.0, gradient_checkpointing: bool = False):
         super().__init__()
-        self.config = {"width": width}
+        self.config = {"width": width, "gradient_checkpointing": gradient_checkpointing}
+        self.gradient_checkpointing = gradient_checkpointing
         c256, c128, c64 = (max(8, round(n * width)) for n in (256, 128, 64))
 
         def conv(cin: int, cout: int, relu: bool = True) -> list[nn.Module]:
@@ -239,9 +275,20 @@ class AdaINDecoder(nn.Module):
 
     @classmethod
     def from_config(cls, config: dict[str, Any] | None) -> AdaINDecoder:
-        return cls(**_constructor_kwargs(cls, config or {}, ("width",)))
+        return cls(**_constructor_kwargs(cls, config or {}, ("width", "gradient_checkpointing")))
+
+    @torch.jit.unused
+    def _checkpointed_layers(self, features):  # unannotated: see TransformerNet._checkpointed_body
+        # One segment per resolution (split before each upsample): only the four stage inputs are kept.
+        cuts = [i for i, m in enumerate(self.layers) if isinstance(m, nn.Upsample)]
+        bounds = [0, *cuts, len(self.layers)]
+        return checkpointed_sequence(
+            [self.layers[a:b] for a, b in zip(bounds, bounds[1:], strict=False)], features
+        )
 
     def forward(self, features: Tensor) -> Tensor:
+        if _checkpointing_active(self.gradient_checkpointing):
+            return self._checkpointed_layers(features)
         return self.layers(features)
 
 
