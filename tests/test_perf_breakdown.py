@@ -17,7 +17,7 @@ from pixelsmith.perf.timer import DATA_WAIT, OTHER_IN_STEP, OTHER_LOOP, StepTime
 from pixelsmith.train import run
 from tests.conftest import FAST, SMALL, compose_config
 
-GAN_PHASES = ["data_wait", "h2d", "augment", "G_fwd", "D_fwd", "D_bwd", "G_bwd", "opt_step", "ema"]
+GAN_PHASES = ["data_wait", "h2d", "augment", "G_fwd", "D_fwd", "D_bwd", "D_reg", "G_bwd", "opt_step", "ema"]
 
 
 def _busy(seconds: float) -> None:
@@ -60,7 +60,7 @@ def test_timer_overhead_is_measured_and_small():
 
 @pytest.fixture(scope="module")
 def breakdown_run(tmp_path_factory):
-    """One short DCGAN run with DiffAugment (so every GAN phase occurs), shared by the tests below."""
+    """One short DCGAN run with DiffAugment and lazy R1 (so every GAN phase occurs), shared by the tests below."""
     out = tmp_path_factory.mktemp("breakdown") / "run"
     cfg = compose_config(
         [
@@ -68,6 +68,8 @@ def breakdown_run(tmp_path_factory):
             *SMALL["dcgan"],
             "precision=32-true",
             "augment=diffaugment",
+            "model.r1_gamma=1.0",
+            "model.r1_interval=4",
             "max_steps=10",
             "profiler=breakdown",
             "profiler.every_n_steps=2",
@@ -123,3 +125,41 @@ def test_breakdown_outputs_and_scalars(breakdown_run):
         float(r[f"perf/share/{p}"]) for r in metrics if r.get("perf/share/D_bwd") for p in ("G_fwd", "D_bwd")
     ]
     assert all(0 < s < 1 for s in shares)
+
+
+def test_style_breakdown_splits_the_loss_network_backward_from_the_stylizer_backward(tmp_path):
+    """The style module's rows: stylizer forward, loss-network forward, then the one backward split by a gradient
+    hook on the stylized image into the loss network's part and the stylizer's; they still partition the step."""
+    cfg = compose_config(
+        [
+            "experiment=style_fast",
+            "hardware=cpu",
+            "precision=32-true",
+            "train.progress_bar=false",
+            "logger=csv",
+            "model.loss_net.pretrained=false",
+            "model.stylizer.base_channels=8",
+            "model.stylizer.num_residual_blocks=1",
+            "model.validation.num_pairs=1",
+            "model.validation.size=32",
+            "data.batch_size=2",
+            "data.resolution=32",
+            "data.resize_shorter=48",
+            "data.num_workers=0",
+            "model.style_size=64",
+            "max_steps=6",
+            "train.sample_every_n_steps=0",
+            "callbacks.style_validation=null",
+            "profiler=breakdown",
+            "profiler.every_n_steps=2",
+            "profiler.peak_tflops=1.0",
+        ],
+        tmp_path / "run",
+    )
+    run(cfg)
+    summary = json.loads((tmp_path / "run" / "perf" / "breakdown.json").read_text())
+    rows = {r["phase"]: r["mean_ms"] for r in summary["rows"]}
+    for phase in ("h2d", "style_fwd", "loss_fwd", "loss_bwd", "style_bwd", "opt_step"):
+        assert rows[phase] > 0, phase
+    assert "bwd" not in rows and "D_fwd" not in rows
+    assert sum(rows.values()) == pytest.approx(summary["step_mean_ms"], rel=PHASE_TOLERANCE)

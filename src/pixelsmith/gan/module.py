@@ -135,11 +135,13 @@ class GANModule(TrainingCore):
             r1_total = torch.zeros((), device=self.device)
             with self.keep_unsharded(D):  # R1 is a double backward: under FSDP D's weights must stay gathered
                 for real in self.micro_batches(reals):
-                    real = real.detach().requires_grad_(True)
-                    with self.phase("D_fwd"), self.autocast():
-                        logits = D(self._augment(real))
-                    penalty = r1_penalty(logits, real, loss_scale)
-                    with self.phase("D_bwd"):
+                    # One breakdown row for R1 (StyleGAN2-ADA's Dreg): its forward, gradient penalty (a first
+                    # backward) and double backward, so its cost is visible apart from D_main's.
+                    with self.phase("D_reg"):
+                        real = real.detach().requires_grad_(True)
+                        with self.autocast():
+                            logits = D(self._augment(real))
+                        penalty = r1_penalty(logits, real, loss_scale)
                         self.loss_backward(penalty * (self.r1_gamma / 2) * self.r1_interval, "D")
                     r1_total += penalty.detach() / self.core.accumulate
             with self.phase("opt_step"):

@@ -10,6 +10,8 @@ runs from one `next()` on the loader to the next one, so every millisecond of th
     augment        DiffAugment/ADA (nested inside D_fwd: its time is taken out of D_fwd)
     G_fwd, D_fwd   forward passes (D_fwd also holds the loss)
     D_bwd, G_bwd   backward of the D loss / of the G loss (the G backward runs through D into G)
+    D_reg          lazy R1 (StyleGAN2-ADA's Dreg): its D forward, gradient penalty and double backward
+    style_fwd, loss_fwd, loss_bwd, style_bwd   the style modules: stylizer and loss-network forward and backward
     opt_step       all-reduce, unscale, finite check, clipping, optimizer step, zero_grad
     ema            the EMA update at the end of the iteration
     other_in_step  inside training_step but in no phase: latents, bookkeeping, `self.log`
@@ -44,7 +46,7 @@ from pixelsmith.perf.timer import (
 
 log = logging.getLogger(__name__)
 
-# GAN phases, then the style module's (stylizer forward, loss-network forward, their joint backward).
+# GAN phases (R1 in D_reg), then the style module's (stylizer and loss-network forward, then their backwards).
 CANONICAL_ORDER = [
     DATA_WAIT,
     H2D,
@@ -52,10 +54,12 @@ CANONICAL_ORDER = [
     "G_fwd",
     "D_fwd",
     "D_bwd",
+    "D_reg",
     "G_bwd",
     "style_fwd",
     "loss_fwd",
-    "bwd",
+    "loss_bwd",
+    "style_bwd",
     "opt_step",
     "ema",
 ]

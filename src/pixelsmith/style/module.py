@@ -188,8 +188,22 @@ class StyleTransferModule(TrainingCore):
         return [OptimizerDefinition(self.trained_network, params, self.optimizer_config)]
 
     def compute_losses(self, content: Tensor, style: Tensor | None):
-        """One micro-batch: phases style_fwd and loss_fwd; returns LossTerms."""
+        """One micro-batch: phases style_fwd and loss_fwd; returns LossTerms. Call `split_backward_at` on the
+        stylized image so the breakdown can tell the loss network's backward from the stylizer's."""
         raise NotImplementedError
+
+    def split_backward_at(self, stylized: Tensor) -> None:
+        """When a step-time breakdown is attached, switch its phase from `loss_bwd` to `style_bwd` at the moment
+        autograd has finished the loss network's backward and reaches `stylized` (one tensor hook, no sync)."""
+        timer = self._phase_timer
+        if timer is None or not getattr(timer, "timing", False) or not stylized.requires_grad:
+            return
+
+        def switch(grad: Tensor) -> None:
+            timer.exit()  # leaves loss_bwd
+            timer.enter("style_bwd")  # closed by the loss_bwd context's exit
+
+        stylized.register_hook(switch)
 
     def style_batch(self, content: Tensor) -> Tensor | None:
         """Style images for this iteration's content batch (AdaIN); None when the style is fixed."""
@@ -205,7 +219,8 @@ class StyleTransferModule(TrainingCore):
         sums: dict[str, Tensor] = {}
         for content_chunk, style_chunk in zip(self.micro_batches(content), style_chunks, strict=True):
             terms = self.compute_losses(content_chunk, style_chunk)
-            with self.phase("bwd"):
+            # loss_bwd until autograd reaches the stylized image (`split_backward_at`), style_bwd after it.
+            with self.phase("loss_bwd"):
                 self.loss_backward(terms.total, self.trained_network)
             for key, value in terms._asdict().items():
                 sums[key] = sums.get(key, 0.0) + value.detach().float() / self.core.accumulate
@@ -316,6 +331,7 @@ class FastStyleModule(StyleTransferModule):
     def compute_losses(self, content: Tensor, style: Tensor | None):
         with self.phase("style_fwd"), self.autocast():
             output = self.stylizer(content)
+        self.split_backward_at(output)
         with self.phase("loss_fwd"), self.autocast():
             return self.criterion(output, content)
 
@@ -419,6 +435,7 @@ class AdaINModule(StyleTransferModule):
             with torch.no_grad():  # one style pass serves the AdaIN target and the style loss
                 style_features = self.net.encoder(style)
             output, target = self.net.forward_train(content, style, style_features)
+        self.split_backward_at(output)
         with self.phase("loss_fwd"), self.autocast():
             return self._views["loss"](output, target, style, style_features)
 
