@@ -237,3 +237,16 @@ def test_style_networks_gradient_checkpointing_saves_activations_with_identical_
     with torch.no_grad():
         scripted = torch.jit.load(str(export_torchscript(net, tmp_path / "net.pt")))
         torch.testing.assert_close(scripted(x), net(x))
+
+
+def test_num_threads_switch_sets_torch_threads_and_rejects_zero(make_cfg):
+    before = torch.get_num_threads()
+    try:
+        apply_backend_settings(build_plan(make_cfg("hardware.num_threads=1")))
+        assert torch.get_num_threads() == 1
+        apply_backend_settings(build_plan(make_cfg()))  # null: leaves the current setting alone
+        assert torch.get_num_threads() == 1
+    finally:
+        torch.set_num_threads(before)
+    with pytest.raises(PixelsmithError, match="hardware.num_threads=0 must be at least 1"):
+        build_plan(make_cfg("hardware.num_threads=0"))

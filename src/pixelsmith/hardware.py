@@ -47,6 +47,7 @@ class RuntimePlan:
     pin_memory: bool
     batch_size: int
     device_name: str
+    num_threads: int | None = None  # intra-op threads per process; None leaves torch's default
 
     @property
     def world_size(self) -> int:
@@ -163,6 +164,10 @@ def resolve_plan(
             f"hardware.devices={devices} but only {torch.cuda.device_count()} CUDA device(s) are visible; "
             f"set hardware.devices={torch.cuda.device_count()} or check CUDA_VISIBLE_DEVICES."
         )
+    if profile.num_threads is not None and profile.num_threads < 1:
+        raise HardwareError(
+            f"hardware.num_threads={profile.num_threads} must be at least 1 (or null for torch's default)."
+        )
     if devices > 1 and strategy == "auto":
         strategy = "ddp"
     if strategy == "fsdp" and devices * profile.num_nodes == 1:
@@ -189,6 +194,7 @@ def resolve_plan(
         pin_memory=bool(profile.pin_memory) and accelerator == "cuda",
         batch_size=profile.batch_size or 64,
         device_name=device_name,
+        num_threads=profile.num_threads,
     )
 
 
@@ -224,6 +230,10 @@ def _resolve_precision(precision: str, profile: HardwareConfig, accelerator: str
 def apply_backend_settings(plan: RuntimePlan) -> None:
     """Set the process-wide switches the plan asks for (cudnn autotuner, TF32, matmul precision, allocator)."""
     torch.set_float32_matmul_precision(plan.matmul_precision)
+    if plan.num_threads is not None:
+        # On a shared or oversubscribed CPU, fewer threads than cores can be several times faster: an OpenMP
+        # barrier waits for its slowest thread, and a descheduled one stalls every op (README, "Performance").
+        torch.set_num_threads(plan.num_threads)
     if plan.accelerator == "cuda":
         torch.backends.cudnn.benchmark = plan.cudnn_benchmark
         torch.backends.cuda.matmul.allow_tf32 = plan.allow_tf32

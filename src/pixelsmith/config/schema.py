@@ -39,6 +39,7 @@ class HardwareConfig:
     compile: bool | None = None
     compile_mode: str | None = None  # default | reduce-overhead | max-autotune
     num_workers: int | None = None
+    num_threads: int | None = None  # torch.set_num_threads (intra-op) per process; None = torch's default
     pin_memory: bool | None = None
     batch_size: int | None = None
     optimizer_impl: str | None = None  # Adam implementation: auto | fused | foreach | for_loop

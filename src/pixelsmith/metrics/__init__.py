@@ -11,7 +11,7 @@ GAN side (a training callback or ``evaluate.py`` calls these)::
 
 Style-transfer side: :func:`gram_matrix` / :func:`style_gram_distance` (shared with the style loss),
 :class:`ContentSSIM`, :class:`ImagePSNR`, :class:`LPIPS`, :class:`StyleTransferMetrics`.
-The protocol (quantization, resize, float64 statistics) is described in ``README-section.md`` next to this file.
+The protocol (quantization, resize, float64 statistics) is described in the README, section "Evaluation" ("The protocol").
 """
 
 from pixelsmith.metrics.extractors import (
