@@ -8,7 +8,7 @@ import json
 import pytest
 from PIL import Image
 
-from pixelsmith.perf.bench import DEFAULT_CELLS, build_cells, parse_args
+from pixelsmith.perf.bench import DEFAULT_CELLS, build_cells, parse_args, targets_markdown
 from pixelsmith.perf.flops import cpu_peak_flops
 from tests.conftest import run_cli
 
@@ -93,3 +93,33 @@ def test_bench_runs_a_tiny_matrix_end_to_end(tmp_path, monkeypatch):
     assert "| dcgan b8 32-true channels_last eager fused-adam |" in md and "Load average" in md
     assert Image.open(out / "bench.png").size[0] > 300
     assert (out / "runs" / cells[0]["name"].replace(" ", "_") / "0-template" / "metrics.csv").exists()
+
+
+def test_bench_report_checks_the_targets_on_the_profile_default_cell():
+    def record(name, precision, channels_last, overhead):
+        settings = {
+            "precision": precision,
+            "channels_last": channels_last,
+            "compile": False,
+            "optimizer": "fused",
+        }
+        return {"name": name, "settings": settings, "overhead_median_iteration": overhead}
+
+    report = {
+        "settings": {"hardware": "cpu", "repeats": 3, "steps": 10},
+        "cells": [record("fp32", "32-true", False, 0.001), record("defaults", "bf16-mixed", True, 0.05)],
+        "speedups": {"defaults": {"vs": "fp32", "speedup": 2.5, "speedup_best_iteration": 2.6}},
+        "breakdown": {"cell": "defaults", "rows": [{"phase": "data_wait", "share": "0.005"}]},
+    }
+    text = "\n".join(targets_markdown(report))
+    assert "the cpu profile's defaults (defaults)" in text
+    assert "2.50x img/s" in text and "target >= 1.7x: **met**" in text
+    assert "+5.0% over 30 timed iterations" in text and "**not met**" in text and "--repeats 7" in text
+    assert "data wait: 0.5% of the step, target < 5%: **met**" in text
+    report["cells"][1]["overhead_median_iteration"] = 0.01
+    report["settings"]["steps"] = 40
+    text = "\n".join(targets_markdown(report))
+    assert (
+        "+1.0% over 120 timed iterations per side, target <= 3%: **met**" in text
+        and "--repeats 7" not in text
+    )

@@ -39,6 +39,8 @@ from typing import Any
 
 from lightning.pytorch.callbacks import Callback
 
+from pixelsmith.errors import PixelsmithError
+
 RESULT_PREFIX = "PIXELSMITH_BENCH_RESULT "
 
 
@@ -626,6 +628,7 @@ def bench_markdown(report: dict[str, Any]) -> str:
         "repeats (timeit's rule).",
         "MFU peaks: " + "; ".join(sorted(peaks)),
     ]
+    lines += targets_markdown(report)
     breakdown = report.get("breakdown")
     if breakdown and "markdown" in breakdown:
         lines += [
@@ -636,6 +639,71 @@ def bench_markdown(report: dict[str, Any]) -> str:
         ]
     lines.append("")
     return "\n".join(lines)
+
+
+# The performance issue's targets, checked on every report (CPU figures for DCGAN 64 px, batch 64).
+TARGET_SPEEDUP = 1.7  # the profile's defaults vs fp32 contiguous eager (the first cell)
+TARGET_OVERHEAD = 0.03  # template vs plain loop, pooled median iteration
+TARGET_DATA_WAIT = 0.05  # share of the step
+
+
+def _profile_cell(report: dict[str, Any]) -> dict[str, Any] | None:
+    """The cell whose settings are the hardware profile's defaults (None when the matrix does not hold it)."""
+    from pixelsmith.hardware import load_profile
+
+    try:
+        profile = load_profile(report["settings"]["hardware"])
+    except PixelsmithError:
+        return None
+    for record in report["cells"]:
+        cell = record["settings"]
+        if (
+            cell["precision"] == profile.precision
+            and cell["channels_last"] == bool(profile.channels_last)
+            and cell["compile"] == bool(profile.compile)
+            and cell["optimizer"] == (profile.optimizer_impl or "foreach")
+        ):
+            return record
+    return None
+
+
+def targets_markdown(report: dict[str, Any]) -> list[str]:
+    record = _profile_cell(report)
+    if record is None:
+        return []
+    verdict = {True: "**met**", False: "**not met**"}
+    name, s = record["name"], report["settings"]
+    lines = ["", f"## Targets: the {s['hardware']} profile's defaults ({name})", ""]
+    speed = report["speedups"].get(name)
+    if speed and speed["vs"] != name:
+        value = speed["speedup"]
+        lines.append(
+            f"- vs {speed['vs']}: {value:.2f}x img/s (median; best iteration "
+            f"{speed.get('speedup_best_iteration') or float('nan'):.2f}x), target >= {TARGET_SPEEDUP}x: "
+            f"{verdict[value >= TARGET_SPEEDUP]}"
+        )
+    overhead = record.get("overhead_median_iteration")
+    if overhead is not None:
+        timed = s["repeats"] * s["steps"]
+        lines.append(
+            f"- template overhead, pooled median iteration: {100 * overhead:+.1f}% over {timed} timed iterations per "
+            f"side, target <= {100 * TARGET_OVERHEAD:.0f}%: {verdict[overhead <= TARGET_OVERHEAD]}"
+            + (
+                ". Fewer than 100 iterations per side cannot resolve a few percent on a shared machine: rerun this "
+                "cell alone with `--repeats 7 --steps 20`."
+                if timed < 100
+                else ""
+            )
+        )
+    breakdown = report.get("breakdown") or {}
+    if breakdown.get("cell") == name and breakdown.get("rows"):
+        share = next((float(r["share"]) for r in breakdown["rows"] if r["phase"] == "data_wait"), None)
+        if share is not None:
+            lines.append(
+                f"- data wait: {100 * share:.1f}% of the step, target < {100 * TARGET_DATA_WAIT:.0f}%: "
+                f"{verdict[share < TARGET_DATA_WAIT]}"
+            )
+    return lines
 
 
 def bench_png(path: Path, report: dict[str, Any]) -> None:
