@@ -39,8 +39,8 @@ def test_training_logs_fid_over_time_and_keeps_the_best_checkpoint(trained_run):
     assert all(f > 0 for f in fids)
     best = summary["best"]
     assert best["fid"] == min(fids) and best["iteration"] == iterations[fids.index(min(fids))]
-    if best["iteration"] > 0:
-        assert (trained_run / "checkpoints" / "best.ckpt").exists()
+    assert best["iteration"] > 0  # 8 iterations of training beat the untrained generator's FID
+    assert (trained_run / "checkpoints" / "best.ckpt").exists()
     header = (trained_run / "metrics.csv").read_text().splitlines()[0]
     assert "eval/fid" in header and "eval/kid_mean" in header and "eval/precision" in header
 

@@ -13,15 +13,16 @@ pytestmark = [
 
 
 def _run_onnx(path, x):
-    # Optional dependencies (onnxscript for the exporter, onnxruntime to run the file): the dev extras pin them.
-    onnxruntime = pytest.importorskip("onnxruntime")
+    # onnxscript (the exporter) and onnxruntime are optional for users but pinned in the dev extras: a missing
+    # one fails here rather than skipping the export check.
+    import onnxruntime
+
     session = onnxruntime.InferenceSession(str(path), providers=["CPUExecutionProvider"])
     return torch.from_numpy(session.run(None, {session.get_inputs()[0].name: x.numpy()})[0])
 
 
 @pytest.mark.slow  # the torch.export-based ONNX exporter needs ~15 s per model on 2 cores
 def test_transformer_net_exports_agree_with_eager(tmp_path):
-    pytest.importorskip("onnxscript")
     torch.manual_seed(0)
     net = TransformerNet(base_channels=8, num_residual_blocks=2).eval()
     paths = export_stylizer(net, tmp_path, example_size=64)
@@ -39,7 +40,6 @@ def test_transformer_net_exports_agree_with_eager(tmp_path):
 
 @pytest.mark.slow
 def test_adain_with_bound_style_exports_agree_with_eager(tmp_path):
-    pytest.importorskip("onnxscript")
     torch.manual_seed(0)
     stylizer = AdaINNet.build(pretrained=False, decoder={"width": 0.25}).bind_style(
         torch.rand(1, 3, 64, 64), 0.7

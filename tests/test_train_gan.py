@@ -130,3 +130,30 @@ def test_resume_continues_bit_for_bit(make_cfg, tmp_path, model):
             for name, tensor in st.items():
                 assert torch.equal(torch.as_tensor(tensor), torch.as_tensor(opt_b["state"][pid][name])), name
     assert straight["lr_schedulers"] == resumed["lr_schedulers"]
+
+
+def test_hinge_loss_values_and_training():
+    """Hinge (SAGAN/BigGAN): D pays only inside the margin, G maximises D's fake logits."""
+    from pixelsmith.gan.losses import discriminator_loss, generator_loss
+
+    real, fake = torch.tensor([2.0, 0.5]), torch.tensor([-3.0, 0.0])
+    # relu(1 - real) = [0, 0.5] -> 0.25; relu(1 + fake) = [0, 1] -> 0.5
+    assert discriminator_loss("hinge", real, fake).item() == pytest.approx(0.75)
+    assert generator_loss("hinge", fake).item() == pytest.approx(1.5)
+    with pytest.raises(ValueError, match="model.loss='wgan' is unknown"):
+        generator_loss("wgan", fake)
+
+
+def test_hinge_loss_trains_the_discriminator(make_cfg, tmp_path):
+    cfg = make_cfg(
+        "model.loss=hinge",
+        "precision=32-true",
+        "max_steps=40",
+        "data.limit=64",
+        "train.log_every_n_steps=1",
+        "train.sample_every_n_steps=0",
+    )
+    run(cfg)
+    loss_d = _series(_metrics_rows(tmp_path / "run"), "loss/D")
+    assert loss_d[0] == pytest.approx(2.0, abs=0.5)  # logits near 0: each hinge term is about 1
+    assert sum(loss_d[-10:]) / 10 < loss_d[0] - 0.5
