@@ -250,3 +250,9 @@ def test_num_threads_switch_sets_torch_threads_and_rejects_zero(make_cfg):
         torch.set_num_threads(before)
     with pytest.raises(PixelsmithError, match="hardware.num_threads=0 must be at least 1"):
         build_plan(make_cfg("hardware.num_threads=0"))
+
+
+def test_num_threads_of_one_run_does_not_leak_into_the_next(make_cfg):
+    before = torch.get_num_threads()
+    run(make_cfg("hardware.num_threads=1", "max_steps=1", "precision=32-true", "logger=none"))
+    assert torch.get_num_threads() == before

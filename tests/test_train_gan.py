@@ -157,3 +157,21 @@ def test_hinge_loss_trains_the_discriminator(make_cfg, tmp_path):
     loss_d = _series(_metrics_rows(tmp_path / "run"), "loss/D")
     assert loss_d[0] == pytest.approx(2.0, abs=0.5)  # logits near 0: each hinge term is about 1
     assert sum(loss_d[-10:]) / 10 < loss_d[0] - 0.5
+
+
+def test_metrics_of_some_iterations_only_reach_the_next_logging_iteration(make_cfg, tmp_path):
+    """`self.log` runs on logging iterations only; lazy R1's `loss/r1` (computed every 4th iteration here) must still
+    be written, fresh, at each logging iteration (every 5th), not frozen at its first value."""
+    cfg = make_cfg(
+        "precision=32-true",
+        "model.r1_gamma=1.0",
+        "model.r1_interval=4",
+        "max_steps=20",
+        "train.log_every_n_steps=5",
+        "train.sample_every_n_steps=0",
+    )
+    run(cfg)
+    rows = _metrics_rows(tmp_path / "run")
+    r1 = _series(rows, "loss/r1")
+    assert len(r1) == 4 and len(set(r1)) == 4  # iterations 5, 10, 15, 20: four different R1 values
+    assert len(_series(rows, "loss/D")) == 4

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+import os
 import sys
 import traceback
 from collections.abc import Callable
@@ -50,7 +51,7 @@ def guarded_run(job: Callable[[DictConfig], dict[str, Any]], cfg: DictConfig, ob
         _record(output_dir, {"status": "failed", "error": f"{type(err).__name__}: {err}"})
         return math.nan
     value = metrics.get(objective, math.nan)
-    if objective not in metrics:
+    if objective not in metrics and _is_multirun() and int(os.environ.get("RANK", 0)) == 0:
         log.warning(
             "objective=%s is not among this run's final metrics (%s); the sweep sees NaN. Set objective= to one "
             "of them (e.g. objective=loss/G when evaluation is off).",

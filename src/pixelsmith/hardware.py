@@ -232,7 +232,7 @@ def apply_backend_settings(plan: RuntimePlan) -> None:
     torch.set_float32_matmul_precision(plan.matmul_precision)
     if plan.num_threads is not None:
         # On a shared or oversubscribed CPU, fewer threads than cores can be several times faster: an OpenMP
-        # barrier waits for its slowest thread, and a descheduled one stalls every op (README, "Performance").
+        # barrier waits for its slowest thread, and a descheduled one stalls every op (README "Style transfer", docs/performance.md).
         torch.set_num_threads(plan.num_threads)
     if plan.accelerator == "cuda":
         torch.backends.cudnn.benchmark = plan.cudnn_benchmark

@@ -178,6 +178,15 @@ def _quiet_library_logging() -> None:
 
 def run(cfg: DictConfig) -> dict[str, Any]:
     """Fit one run; returns the final logged metrics (floats) for sweepers and tests."""
+    threads = torch.get_num_threads()
+    try:
+        return _fit(cfg)
+    finally:
+        # hardware.num_threads is process-wide: the next run of an in-process sweep (or test) starts as this did.
+        torch.set_num_threads(threads)
+
+
+def _fit(cfg: DictConfig) -> dict[str, Any]:
     _quiet_library_logging()
     plan = build_plan(cfg)
     ckpt_path = _check_resume_path(cfg.get("ckpt_path"))

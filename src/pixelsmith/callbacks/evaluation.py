@@ -188,11 +188,11 @@ class GANEvaluation(Callback):
         if not self.history:
             return {}
         last = {f"eval/{k}": float(v) for k, v in self.history[-1].items() if k != "iteration"}
-        return {
-            **last,
-            f"eval/best_{self.monitor}": float(self.best_value),
-            "eval/best_iteration": float(self.best_iteration),
-        }
+        # NaN, not a crash, when no evaluation gave a finite monitored value (a diverged run, or a monitor that is
+        # not among eval.metrics): the sweep records the job with a NaN objective.
+        best = math.nan if self.best_value is None else float(self.best_value)
+        at = math.nan if self.best_iteration is None else float(self.best_iteration)
+        return {**last, f"eval/best_{self.monitor}": best, "eval/best_iteration": at}
 
     def _save_best(self, trainer) -> None:
         directory = self.output_dir / "checkpoints"

@@ -1,7 +1,7 @@
 """The rich progress bar, labelled in training iterations.
 
 Pixelsmith runs one endless epoch and stops after `max_steps` iterations (the Trainer gets `max_epochs=-1`), so
-Lightning's stock description "Epoch 0/-2" is noise: show "Iteration" instead. The bar's total and count are our
+Lightning's stock description "Epoch 0/-2" is noise: show "Training" instead. The bar's total and count are our
 iterations already, and `img/s` arrives as a progress-bar metric from the module.
 """
 

@@ -103,6 +103,7 @@ class TrainingCore(L.LightningModule):
         self.images_seen = 0
         self.skipped_files: torch.Tensor | int = 0
         self._last_log_point: tuple[float, int] | None = None  # (perf_counter, images_seen) at the last log
+        self._pending_logs: dict[str, Any] = {}  # the step's logs, held until the next logging iteration
         self.grad_allreduce_calls = 0
 
     # ---- what a subclass provides ------------------------------------------------------------------------------
@@ -394,11 +395,16 @@ class TrainingCore(L.LightningModule):
         for sched in self._schedulers():
             sched.step()
         iteration = self.iteration
-        if iteration % self.core.log_every_n_steps == 0 or iteration == 1 or iteration >= self.core.max_steps:
+        # Newest value per key since the last log: a metric of some iterations only (R1's `loss/r1`) still reaches
+        # the next logging iteration.
+        self._pending_logs.update(logs)
+        if iteration == 1:
+            self._last_log_point = (time.perf_counter(), self.images_seen)  # img/s counts from here
+        if iteration % self.core.log_every_n_steps == 0 or iteration >= self.core.max_steps:
             # Only on logging iterations: the loggers write nothing in between, and every `self.log` call costs
-            # ~0.4 ms of Lightning bookkeeping (docs/performance.md, "Template overhead"); the values logged are
-            # this iteration's, exactly what the loggers would have written.
-            self._log_iteration(logs)
+            # ~0.4 ms of Lightning bookkeeping (docs/performance.md, "Template overhead").
+            self._log_iteration(self._pending_logs)
+            self._pending_logs = {}
         limit = self.core.nonfinite_max_consecutive
         worst = max(self._nonfinite_streaks, key=self._nonfinite_streaks.get, default=None)
         if limit and worst is not None and self._nonfinite_streaks[worst] >= limit:
@@ -426,9 +432,8 @@ class TrainingCore(L.LightningModule):
         metrics["train/kimg"] = self.images_seen / 1000.0
         if torch.is_tensor(self.skipped_files):
             total = self.skipped_files.detach().float().clone()
-            if torch.distributed.is_available() and torch.distributed.is_initialized():
-                # Each rank reads its own files: the run's count is the sum (one scalar all-reduce per log).
-                torch.distributed.all_reduce(total)
+            # Each rank reads its own files: the run's count is the sum (one scalar all-reduce per log).
+            self.world_all_reduce(total)
             metrics["data/skipped_files"] = total
         metrics["guard/nonfinite_skipped"] = float(self.nonfinite_skipped)
         metrics["guard/amp_overflow_skipped"] = float(self.amp_overflow_skipped)

@@ -20,7 +20,7 @@ import torch
 VARIANTS = {
     "template": "template as shipped",
     "no_log": "without self.log / self.log_dict",
-    "no_seed": "without the per-iteration torch.manual_seed",
+    "no_seed": "without the per-iteration reseeding",
     "no_loggers": "without loggers (logger=none)",
     "no_norm": "without the guard's gradient norm",
     "none": "without log, seed and norm",

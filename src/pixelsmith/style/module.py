@@ -1,7 +1,7 @@
 """Style-transfer training on the shared TrainingCore: Johnson's fast stylizer and AdaIN, with manual optimization.
 
-One iteration, per micro-batch: `style_fwd` (the stylizer), `loss_fwd` (the frozen VGG and the losses), `bwd`; then
-one `opt_step`. Mixed precision, accumulation, clipping, the non-finite guard, schedules, channels_last/compile of
+One iteration, per micro-batch: `style_fwd` (the stylizer), `loss_fwd` (the frozen VGG and the losses), `loss_bwd`
+and `style_bwd` (the backward, split at the stylized image); then one `opt_step`. Mixed precision, accumulation, clipping, the non-finite guard, schedules, channels_last/compile of
 the trained network and bit-for-bit resume all come from the core.
 
 - `FastStyleModule`: a TransformerNet for the style image(s) in `model.style_images` (several are averaged into one
