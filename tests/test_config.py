@@ -186,3 +186,12 @@ def test_default_progress_bar_counts_iterations_not_a_meaningless_epoch(tmp_path
     assert isinstance(bar, IterationProgressBar)
     description = bar._get_train_description(current_epoch=0)
     assert description.strip() == "Training" and "-2" not in description
+
+
+@pytest.mark.parametrize("override", ["augment.polcy=color", "augment.interval=often"])
+def test_augment_options_are_typed(tmp_path, override):
+    option = "diffaugment" if "polcy" in override else "ada"
+    with pytest.raises((ConfigCompositionException, ValidationError)) as err:
+        compose_config([f"augment={option}", override], tmp_path)
+    key = override.split("=")[0].split(".")[1]
+    assert key in f"{err.value} {err.value.__cause__}"
