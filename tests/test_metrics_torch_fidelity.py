@@ -17,7 +17,6 @@ import pytest
 import torch
 import torch.nn.functional as F
 import torch_fidelity
-from torch.utils.data import Dataset
 from torch_fidelity.feature_extractor_inceptionv3 import FeatureExtractorInceptionV3
 from torch_fidelity.metric_isc import isc_features_to_metric
 from torch_fidelity.metric_kid import kid_features_to_metric
@@ -33,17 +32,7 @@ from pixelsmith.metrics import (
     precision_recall,
     quantize_to_uint8,
 )
-
-
-class _Uint8Images(Dataset):
-    def __init__(self, images: torch.Tensor) -> None:
-        self.images = images
-
-    def __len__(self) -> int:
-        return self.images.shape[0]
-
-    def __getitem__(self, index: int) -> torch.Tensor:
-        return self.images[index]
+from pixelsmith.metrics.bench import Uint8Images
 
 
 def _smooth_images(count: int, seed: int, contrast: float, brightness: float) -> torch.Tensor:
@@ -82,8 +71,8 @@ def test_fid_equals_torch_fidelity_with_the_same_weights_file(
     ours = metric.compute()["fid"]
 
     theirs = torch_fidelity.calculate_metrics(
-        input1=_Uint8Images(quantize_to_uint8(fake)),
-        input2=_Uint8Images(quantize_to_uint8(real)),
+        input1=Uint8Images(quantize_to_uint8(fake)),
+        input2=Uint8Images(quantize_to_uint8(real)),
         fid=True,
         feature_extractor="inception-v3-compat",
         feature_layer_fid="64",

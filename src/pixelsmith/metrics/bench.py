@@ -70,7 +70,9 @@ class _TorchFidelityMnistExtractor(FeatureExtractorBase):
         return torch.zeros(1, 1, 32, 32, dtype=torch.uint8)
 
 
-class _Uint8Images(Dataset):
+class Uint8Images(Dataset):
+    """uint8 image tensors as a Dataset of plain tensors, the input torch-fidelity takes (shared with the tests)."""
+
     def __init__(self, images: torch.Tensor) -> None:
         self.images = images
 
@@ -171,8 +173,8 @@ def _run(argv: list[str] | None, workdir: Path) -> dict[str, float]:
 
     def run_theirs(save_cpu_ram: bool) -> dict[str, float]:
         return torch_fidelity.calculate_metrics(
-            input1=_Uint8Images(fidelity_generated),
-            input2=_Uint8Images(fidelity_real),
+            input1=Uint8Images(fidelity_generated),
+            input2=Uint8Images(fidelity_real),
             input2_cache_name=f"pixelsmith-bench-{args.extractor}-{count}",
             cache_root=str(workdir / "torch_fidelity"),
             isc=True,

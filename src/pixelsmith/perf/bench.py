@@ -469,20 +469,16 @@ def _cell_record(
     pairs = pair_ratios("img_per_s")
     template_cpu = [r["img_per_cpu_s"] for r in runs.get("template", []) if "img_per_cpu_s" in r]
 
-    def best_iteration(kind: str) -> float | None:
-        # timeit's rule on a shared machine: the fastest iteration is the one least disturbed by other load.
-        times = [t for r in runs.get(kind, []) for t in r.get("iteration_seconds", [])]
-        return cell.batch_size / min(times) if times else None
-
-    best_template, best_plain = best_iteration("template"), best_iteration("plain")
-
-    def median_iteration(kind: str) -> float | None:
-        # Pooled over all repeats: a burst of other load hits a few iterations, not the median of hundreds, so
-        # this ratio is steadier than the per-run ratios (one run = 10-20 iterations, often all in one burst).
-        times = [t for r in runs.get(kind, []) for t in r.get("iteration_seconds", [])]
-        return statistics.median(times) if times else None
-
-    median_template, median_plain = median_iteration("template"), median_iteration("plain")
+    # Every timed iteration of all repeats, per kind.
+    pooled = {
+        kind: [t for r in runs.get(kind, []) for t in r.get("iteration_seconds", [])]
+        for kind in ("template", "plain")
+    }
+    # timeit's rule on a shared machine: the fastest iteration is the one least disturbed by other load.
+    best_template, best_plain = (cell.batch_size / min(t) if t else None for t in pooled.values())
+    # The pooled median: a burst of other load hits a few iterations, not the median of hundreds, so this ratio is
+    # steadier than the per-run ratios (one run = 10-20 iterations, often all in one burst).
+    median_template, median_plain = (statistics.median(t) if t else None for t in pooled.values())
     peak_rss = [r["peak_rss_mb"] for r in runs.get("template", []) if "peak_rss_mb" in r]
     peak_rss_plain = [r["peak_rss_mb"] for r in runs.get("plain", []) if "peak_rss_mb" in r]
     record: dict[str, Any] = {
