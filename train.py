@@ -13,8 +13,10 @@ from omegaconf import DictConfig
 
 from pixelsmith.config.schema import register_configs
 from pixelsmith.entry import guarded_run
+from pixelsmith.paths import register_resolvers
 
 register_configs()
+register_resolvers()  # ${pixelsmith.data_dir:} in conf/paths/default.yaml
 log = logging.getLogger("pixelsmith")
 
 

@@ -7,12 +7,15 @@ import itertools
 import pytest
 import torch
 import torch.nn.functional as F
+from kornia.geometry.transform import warp_affine
 from torch import nn
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from pixelsmith.augment import AdaptiveAugment, DiffAugment, GANAugment
 from pixelsmith.augment import ada as ada_module
 from pixelsmith.augment.base import apply_to_selected_rows
 from pixelsmith.augment.diffaugment import translate_integer
+from pixelsmith.augment.warp import warp_affine_reflect
 
 NO_OPS = dict(
     xflip=False,
@@ -110,6 +113,35 @@ def test_augment_supports_r1_double_backward(name: str) -> None:
     (grad,) = torch.autograd.grad(discriminator(aug(real)).sum(), real, create_graph=True)
     grad.square().sum().backward()
     for layer in (discriminator[0], discriminator[2]):  # weights; the last bias cannot change d D / d real
+        assert torch.isfinite(layer.weight.grad).all() and layer.weight.grad.abs().sum() > 0
+
+
+class RecordAtenOps(TorchDispatchMode):
+    """Records the name of every aten op dispatched (forward and backward, at every order) while active."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.names: set[str] = set()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.names.add(str(func))
+        return func(*args, **(kwargs or {}))
+
+
+@pytest.mark.parametrize("name", FACTORIES)
+def test_augment_r1_path_uses_no_grid_sampler(name: str) -> None:
+    # CUDA has no double backward for grid_sample ("derivative for aten::grid_sampler_2d_backward is not
+    # implemented"), CPU has one: this CPU-side check stands in for R1 with ADA on a GPU.
+    aug = FACTORIES[name]()
+    discriminator = nn.Sequential(nn.Conv2d(3, 4, 3), nn.Softplus(), nn.Conv2d(4, 1, 3))
+    real = images(4, 3).requires_grad_(True)
+    with RecordAtenOps() as recorded:
+        (grad,) = torch.autograd.grad(discriminator(aug(real)).sum(), real, create_graph=True)
+        grad.square().sum().backward()
+    assert "aten.convolution_backward.default" in recorded.names  # the recorder saw the backward passes
+    assert not [op for op in recorded.names if "grid_sampler" in op]
+    assert "aten.gather.default" in recorded.names  # ADA's warp, DiffAugment's translation
+    for layer in (discriminator[0], discriminator[2]):
         assert torch.isfinite(layer.weight.grad).all() and layer.weight.grad.abs().sum() > 0
 
 
@@ -322,6 +354,52 @@ def test_ada_accelerator_path_matches_cpu_path(monkeypatch: pytest.MonkeyPatch) 
     torch.manual_seed(3)
     torch.testing.assert_close(aug(x), cpu_path, atol=1e-6, rtol=0)
     assert (cpu_path != x).flatten(1).any(1).float().mean() > 0.5
+
+
+# ---- ADA: the warp -------------------------------------------------------------------------------------------
+def ada_matrices(x: torch.Tensor) -> torch.Tensor:
+    """ADA's own random source-to-destination matrices at p=1, with translations up to half the image size."""
+    matrices, _ = AdaptiveAugment(initial_p=1.0, translate=0.5)._geometric_matrices(x, 1.0)
+    return matrices.to(x.dtype)
+
+
+def kornia_warp(x: torch.Tensor, matrices: torch.Tensor, padding_mode: str = "reflection") -> torch.Tensor:
+    return warp_affine(
+        x, matrices, tuple(x.shape[-2:]), mode="bilinear", padding_mode=padding_mode, align_corners=True
+    )
+
+
+@pytest.mark.parametrize("shape", [(16, 3, 16, 16), (16, 3, 12, 20), (16, 1, 9, 24)])
+@pytest.mark.parametrize("channels_last", [False, True])
+def test_warp_affine_reflect_matches_kornia_warp_affine(shape: tuple[int, ...], channels_last: bool) -> None:
+    x = torch.rand(shape) * 2 - 1
+    matrices = ada_matrices(x)
+    expected = kornia_warp(x, matrices)
+    # The matrices push corners and shifted images well outside: reflection padding is exercised.
+    assert (kornia_warp(x, matrices, padding_mode="zeros") - expected).abs().amax() > 0.5
+    if channels_last:
+        x = x.contiguous(memory_format=torch.channels_last)
+    got = warp_affine_reflect(x, matrices)
+    # kornia's float32 round trip through [-1, 1] coordinates is itself ~1e-5 off the exact value at 16 px.
+    torch.testing.assert_close(got, expected, atol=3e-5, rtol=0)
+    memory_format = torch.channels_last if channels_last else torch.contiguous_format
+    assert got.is_contiguous(memory_format=memory_format)
+    # In float64 both are exact: the same sampling convention, to rounding.
+    x64, matrices64 = x.double(), matrices.double()
+    torch.testing.assert_close(
+        warp_affine_reflect(x64, matrices64), kornia_warp(x64, matrices64), atol=1e-10, rtol=0
+    )
+
+
+def test_warp_affine_reflect_has_double_backward_for_images_only() -> None:
+    x = (torch.rand(2, 2, 5, 7, dtype=torch.float64) * 2 - 1).requires_grad_(True)
+    matrices = ada_matrices(x).requires_grad_(True)
+    assert torch.autograd.gradgradcheck(lambda images: warp_affine_reflect(images, matrices), (x,))
+    # The (random) matrices are constants of the warp: no gradient flows to them.
+    (grad_matrices,) = torch.autograd.grad(
+        warp_affine_reflect(x, matrices).sum(), matrices, allow_unused=True
+    )
+    assert grad_matrices is None
 
 
 @pytest.mark.parametrize("gather_rows", [True, False])

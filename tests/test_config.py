@@ -76,7 +76,12 @@ def test_cfg_job_prints_composed_config_on_cpu():
 
 
 def test_hardware_v100_without_cuda_stops_and_names_the_fix(tmp_path):
-    result = run_cli(["train.py", "hardware=v100", f"hydra.run.dir={tmp_path}/run"], timeout=120)
+    # No GPU for this process, also on a machine that has one.
+    result = run_cli(
+        ["train.py", "hardware=v100", f"hydra.run.dir={tmp_path}/run"],
+        timeout=120,
+        env_extra={"CUDA_VISIBLE_DEVICES": ""},
+    )
     assert result.returncode == 2
     text = result.stdout + result.stderr
     assert "hardware=v100 needs a CUDA GPU" in text and "hardware=auto" in text and "hardware=cpu" in text
@@ -86,9 +91,10 @@ def test_hardware_v100_without_cuda_stops_and_names_the_fix(tmp_path):
 
 def test_auto_detects_cpu_and_cli_precision_wins(tmp_path):
     cfg = compose_config(["precision=32-true"], tmp_path)
-    plan = build_plan(cfg)
-    assert plan.profile == "cpu" and plan.accelerator == "cpu" and plan.precision == "32-true"
-    plan = build_plan(compose_config([], tmp_path))
+    with _no_cuda():
+        plan = build_plan(cfg)
+        assert plan.profile == "cpu" and plan.accelerator == "cpu" and plan.precision == "32-true"
+        plan = build_plan(compose_config([], tmp_path))
     assert plan.precision in ("bf16-mixed", "32-true")  # bf16 only where the CPU has it natively
 
 
@@ -100,7 +106,9 @@ def test_cpu_profile_falls_back_to_fp32_without_native_bf16(tmp_path):
         assert build_plan(cfg).precision == "bf16-mixed"
 
 
-def _fake_cuda(name: str, capability: tuple[int, int], bf16: bool, count: int = 1):
+def _fake_cuda(name: str, capability: tuple[int, int], bf16: bool, count: int = 1, arch_list=None):
+    # The installed torch's kernels are for its build's architectures; by default the fake GPU's own is among them.
+    arch_list = arch_list if arch_list is not None else [f"sm_{capability[0]}{capability[1]}"]
     return mock.patch.multiple(
         "torch.cuda",
         is_available=mock.Mock(return_value=True),
@@ -108,7 +116,55 @@ def _fake_cuda(name: str, capability: tuple[int, int], bf16: bool, count: int = 
         get_device_capability=mock.Mock(return_value=capability),
         is_bf16_supported=mock.Mock(return_value=bf16),
         device_count=mock.Mock(return_value=count),
+        get_arch_list=mock.Mock(return_value=arch_list),
     )
+
+
+def _no_cuda():
+    # These tests are about a machine without a GPU; on one with a GPU the answer would rightly differ.
+    return mock.patch.multiple(
+        "torch.cuda", is_available=mock.Mock(return_value=False), device_count=mock.Mock(return_value=0)
+    )
+
+
+CUDA13_ARCHS = ["sm_75", "sm_80", "sm_86", "sm_90", "sm_100", "sm_120"]  # torch 2.14.1's default wheel
+
+
+def test_v100_with_a_cuda13_torch_is_refused_with_the_build_to_install(tmp_path):
+    cfg = compose_config(["hardware=auto"], tmp_path)
+    with (
+        _fake_cuda("Tesla V100-SXM2-16GB", (7, 0), False, arch_list=CUDA13_ARCHS),
+        pytest.raises(HardwareError) as err,
+    ):
+        build_plan(cfg)
+    text = str(err.value)
+    assert "sm_70" in text and "V100" in text and "cu126" in text and "get_arch_list" in text
+    # The same wheel runs an H100, an A10 (sm_86 binary) and an L4 (sm_89 on the sm_86 binary).
+    for name, capability in (
+        ("NVIDIA H100 80GB HBM3", (9, 0)),
+        ("NVIDIA A10", (8, 6)),
+        ("NVIDIA L4", (8, 9)),
+    ):
+        with _fake_cuda(name, capability, True, arch_list=CUDA13_ARCHS):
+            assert build_plan(cfg).accelerator == "cuda"
+
+
+@pytest.mark.parametrize(
+    ("capability", "arch_list", "supported"),
+    [
+        ((7, 0), ["sm_75", "sm_80"], False),
+        ((7, 0), ["sm_70", "sm_80"], True),
+        ((8, 9), ["sm_80", "sm_86", "sm_90"], True),  # same major, lower minor binary runs
+        ((10, 0), ["sm_80", "sm_90", "compute_90"], True),  # PTX is compiled for newer GPUs at load time
+        ((10, 0), ["sm_80", "sm_90"], False),
+        ((9, 0), ["sm_90a"], True),
+        ((9, 0), [], True),  # a build that does not list its architectures
+    ],
+)
+def test_torch_build_architecture_rules(capability, arch_list, supported):
+    from pixelsmith.hardware import torch_build_supports
+
+    assert torch_build_supports(capability, arch_list) is supported
 
 
 @pytest.mark.parametrize(

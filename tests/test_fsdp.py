@@ -176,3 +176,35 @@ def test_plain_optimizer_state_of_another_model_is_refused():
     opt = torch.optim.Adam(big.parameters())
     with pytest.raises(ValueError, match="different model configuration"):
         plain_to_fqn_keyed(saved, opt, {id(p): n for n, p in big.named_parameters()})
+
+
+def test_fsdp_shards_every_gan_network_including_stylegan2(make_cfg, tmp_path):
+    """FSDP2 refuses 0-d parameters (StyleGAN2's noise strengths were scalars); one process shards all the same."""
+    from pixelsmith.train import run
+
+    cfg = make_cfg(
+        "strategy=fsdp",
+        "max_steps=2",
+        "model.r1_interval=1",
+        "hardware.channels_last=false",
+        model="stylegan2",
+    )
+    metrics = run(cfg)
+    assert metrics["iteration"] == 2 and metrics["loss/r1"] > 0
+    state = torch.load(tmp_path / "run" / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=True)
+    strengths = [v for k, v in state["state_dict"].items() if k.endswith("noise_strength")]
+    assert strengths and all(v.shape == (1,) for v in strengths)
+
+
+def test_stylegan2_loads_checkpoints_with_scalar_noise_strengths():
+    from pixelsmith.gan.networks.stylegan2 import StyleGAN2Generator
+
+    kwargs = dict(
+        resolution=16, channels=1, z_dim=8, w_dim=8, mapping_layers=1, channel_base=64, channel_max=16
+    )
+    old = StyleGAN2Generator(**kwargs).state_dict()
+    old = {k: (torch.full((), 0.25) if k.endswith("noise_strength") else v) for k, v in old.items()}
+    generator = StyleGAN2Generator(**kwargs)
+    generator.load_state_dict(old)
+    strengths = [p for n, p in generator.named_parameters() if n.endswith("noise_strength")]
+    assert strengths and all(p.shape == (1,) and p.item() == 0.25 for p in strengths)

@@ -17,9 +17,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import torch
 from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
 from pixelsmith.errors import PixelsmithError
 
@@ -33,10 +34,82 @@ def _is_multirun() -> bool:
         return False
 
 
+class GPUFailureError(PixelsmithError, RuntimeError):
+    """A compiler error or an out-of-memory, explained: the message names the key that avoids it."""
+
+
+# Where a traceback passes when the failure is torch.compile's (tracing, AOTAutograd, inductor's generated code).
+_COMPILER_PATHS = ("/torch/_dynamo/", "/torch/_inductor/", "/torch/_functorch/", "torchinductor_")
+
+
+def _frames(err: BaseException) -> list[str]:
+    return [frame.filename for frame in traceback.extract_tb(err.__traceback__)]
+
+
+def _is_out_of_memory(err: BaseException) -> bool:
+    if isinstance(err, torch.OutOfMemoryError | MemoryError):
+        return True
+    text = str(err)
+    return isinstance(err, RuntimeError) and ("out of memory" in text or "can't allocate memory" in text)
+
+
+def _checkpoints_note(output_dir: Path) -> str:
+    written = sorted(p.name for p in (output_dir / "checkpoints").glob("*.ckpt"))
+    if not written:
+        return " No checkpoint had been written yet."
+    return f" The checkpoints written before it are intact ({', '.join(written)} in {output_dir / 'checkpoints'})."
+
+
+def explain_failure(err: BaseException, cfg: DictConfig) -> GPUFailureError | None:
+    """Turn a compiler error or an out-of-memory into one paragraph naming the key that avoids it (None for any
+    other exception). The full traceback goes to `<run dir>/error_traceback.txt` for a bug report."""
+    output_dir = Path(cfg.paths.output_dir)
+    root = err
+    # torch.compile wraps the real error (BackendCompilerFailed.inner_exception, or a chained cause).
+    while (
+        inner := getattr(root, "inner_exception", None) or root.__cause__
+    ) is not None and inner is not root:
+        root = inner
+    first_line = (str(root).strip().splitlines() or [""])[0][:300]
+    cause = type(err).__name__ if root is err else f"{type(err).__name__} <- {type(root).__name__}"
+    if _is_out_of_memory(err):
+        batch = OmegaConf.select(cfg, "data.batch_size")
+        accumulate = OmegaConf.select(cfg, "accumulate", default=1)
+        message = (
+            f"Out of memory ({cause}: {first_line}). Use a smaller micro-batch: data.batch_size="
+            f"{max(1, batch // 2) if batch else '<smaller>'} with accumulate={2 * accumulate} keeps the effective "
+            "batch; or auto_batch.enabled=true to find the largest batch that fits; or "
+            "model.*.gradient_checkpointing=true where the model has it (stylegan2, style_fast, style_adain). "
+            "On a shared GPU check hardware.memory_fraction and what else runs (nvidia-smi)."
+        )
+    elif any(marker in name for name in _frames(err) for marker in _COMPILER_PATHS):
+        message = (
+            f"torch.compile failed ({cause}: {first_line}). Train without it: hardware.compile=false "
+            "(the same model, eager, slower); if it fails only with channels_last, hardware.channels_last=false "
+            "keeps compile on. Please report it with the traceback."
+        )
+    else:
+        return None
+    message += _checkpoints_note(output_dir)
+    if int(os.environ.get("RANK", 0)) == 0 and output_dir.is_dir():
+        trace = "".join(traceback.format_exception(err))
+        (output_dir / "error_traceback.txt").write_text(trace)
+        message += f" Full traceback: {output_dir / 'error_traceback.txt'}."
+    return GPUFailureError(message)
+
+
 def guarded_run(job: Callable[[DictConfig], dict[str, Any]], cfg: DictConfig, objective: str) -> float | None:
     output_dir = Path(cfg.paths.output_dir)
     try:
-        metrics = job(cfg)
+        try:
+            metrics = job(cfg)
+        except PixelsmithError:
+            raise
+        except Exception as err:
+            explained = explain_failure(err, cfg)
+            if explained is None:
+                raise
+            raise explained from err
     except PixelsmithError as err:
         log.error("%s", err)
         if _is_multirun():

@@ -77,6 +77,68 @@ def cuda_profile_for(device_name: str, capability: tuple[int, int]) -> str:
     return profile
 
 
+# The newest torch builds that still carry kernels for an architecture, by compute capability major. Volta (sm_70) is
+# not in the CUDA 12.8+ and 13 builds (torch 2.8 and later), so a V100 needs a CUDA 12.6 build.
+_BUILD_FOR_ARCH = {
+    7: "a CUDA 12.6 build: pip install -c constraints.txt torch torchvision --index-url "
+    "https://download.pytorch.org/whl/cu126",
+}
+_DEFAULT_BUILD = (
+    "a build for your driver's CUDA version: pip install -c constraints.txt torch torchvision --index-url "
+    "https://download.pytorch.org/whl/cu128 (or cu126, cu130)"
+)
+
+
+def torch_build_supports(capability: tuple[int, int], arch_list: list[str]) -> bool:
+    """Whether a torch built for `arch_list` (torch.cuda.get_arch_list()) runs on a GPU of `capability`: a binary
+    for sm_XY runs on sm_XZ with Z >= Y (same major), and PTX for compute_XY is compiled at load time for any newer
+    GPU. An empty list (a build that does not say) is taken as supported."""
+    if not arch_list:
+        return True
+    major, minor = capability
+    for arch in arch_list:
+        kind, _, number = arch.partition("_")
+        digits = number.rstrip("af")  # sm_90a, sm_100f: arch-specific variants of sm_90, sm_100
+        if not digits.isdigit():
+            continue
+        arch_major, arch_minor = int(digits[:-1]), int(digits[-1])
+        if kind == "sm" and arch_major == major and arch_minor <= minor:
+            return True
+        if kind == "compute" and (arch_major, arch_minor) <= (major, minor):
+            return True
+    return False
+
+
+def check_torch_build_supports(device_name: str, capability: tuple[int, int], requested: str) -> None:
+    """Stop before anything runs when the installed torch has no kernels for this GPU (today's default CUDA 13
+    wheel lacks sm_70, so a V100 would fail at its first kernel with "no kernel image is available")."""
+    arch_list = list(torch.cuda.get_arch_list())
+    if torch_build_supports(capability, arch_list):
+        return
+    sm = f"sm_{capability[0]}{capability[1]}"
+    raise HardwareError(
+        f"hardware={requested}: the GPU {device_name} ({sm}) is not supported by the installed torch "
+        f"{torch.__version__} (CUDA {torch.version.cuda}), which has kernels for {' '.join(arch_list)} only. Install "
+        f"{_BUILD_FOR_ARCH.get(capability[0], _DEFAULT_BUILD)}, then check that "
+        f'python -c "import torch; print(torch.cuda.get_arch_list())" lists {sm} (README, "GPU install").'
+    )
+
+
+def _nvidia_hint() -> str:
+    import shutil
+    from pathlib import Path
+
+    if not (Path("/dev/nvidiactl").exists() or shutil.which("nvidia-smi")):
+        return ""
+    return f" This machine does seem to have an NVIDIA GPU: torch {torch.__version__} is " + (
+        f"built for CUDA {torch.version.cuda}, which needs a driver at least as new as that CUDA release "
+        "(nvidia-smi shows the driver's CUDA version); install a torch build for an older CUDA or update the "
+        'driver (README, "GPU install").'
+        if torch.version.cuda
+        else 'a CPU-only build; install a CUDA build (README, "GPU install").'
+    )
+
+
 def detect_profile() -> str:
     if torch.cuda.is_available():
         return cuda_profile_for(torch.cuda.get_device_name(0), torch.cuda.get_device_capability(0))
@@ -124,11 +186,14 @@ def resolve_plan(
             f"hardware={requested} needs a CUDA GPU, but this machine has none "
             f"(torch {torch.__version__}: torch.cuda.is_available() is False). "
             "Use hardware=auto to detect the device (it picks the cpu profile here) or hardware=cpu."
+            + _nvidia_hint()
         )
     if accelerator not in ("cpu", "cuda"):
         raise HardwareError(f"hardware.accelerator={accelerator!r} is not supported; use cpu or cuda.")
 
     device_name = torch.cuda.get_device_name(0) if accelerator == "cuda" else "cpu"
+    if accelerator == "cuda":
+        check_torch_build_supports(device_name, tuple(torch.cuda.get_device_capability(0)), requested)
     if (
         accelerator == "cuda"
         and profile.expected_gpu

@@ -15,6 +15,7 @@ from typing import Any
 
 import lightning as L
 import torch
+import torch._dynamo
 from hydra.utils import instantiate
 from lightning.pytorch.callbacks import ProgressBar
 from omegaconf import DictConfig, OmegaConf
@@ -191,6 +192,10 @@ def _fit(cfg: DictConfig) -> dict[str, Any]:
     plan = build_plan(cfg)
     ckpt_path = _check_resume_path(cfg.get("ckpt_path"))
     apply_backend_settings(plan)
+    if plan.compile:
+        # Dynamo's caches outlive a run: in an in-process sweep, later jobs' networks would hit the recompile limit
+        # and run eager without a word. Each run compiles afresh (inductor's on-disk cache keeps that cheap).
+        torch._dynamo.reset()
     prepare_perf(cfg, plan)  # memory switches; auto batch size may rewrite cfg.data.batch_size
     L.seed_everything(cfg.seed, workers=True, verbose=False)
     output_dir = Path(cfg.paths.output_dir)

@@ -11,7 +11,10 @@ contrast x 2^N(0, contrast), hue rotation about the luma axis U(-hue, hue) * 180
 x 2^N(0, saturation) around the luma axis. As in the reference:
 
 - all geometric ops are folded into one affine matrix per sample and resampled once (bilinear, reflection
-  padding), so stacking ops costs one warp and blurs once; the warp itself is kornia's `warp_affine`;
+  padding), so stacking ops costs one warp and blurs once. The warp is our own gather-based
+  `augment.warp.warp_affine_reflect` (the values of kornia's `warp_affine`): kornia's calls `F.grid_sample`,
+  which has no double backward on CUDA, and lazy R1 backpropagates twice through the warp (the reference ships
+  its own grid-sample op for the same reason);
 - all colour ops are folded into one affine colour map per sample (3x3 matrix plus offset) applied to the [-1, 1]
   values, so contrast scales about mid-grey and nothing is clamped.
 kornia's RandomAffine/RandomRotation/RandomBrightness/RandomContrast/RandomSaturation/RandomHue are not used:
@@ -33,10 +36,10 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
-from kornia.geometry.transform import warp_affine
 from torch import Tensor
 
 from pixelsmith.augment.base import GANAugment, apply_to_selected_rows
+from pixelsmith.augment.warp import warp_affine_reflect
 
 _FLOAT32_STATE = ("p", "sign_stats", "last_rt")
 
@@ -323,17 +326,10 @@ def _float32(value: float) -> float:
 
 
 def _warp(images: Tensor, matrices: Tensor) -> Tensor:
-    height, width = images.shape[-2:]
     # Reflection padding, as in the reference: the padded border continues the image instead of adding a grey or
-    # black frame that D could use to tell augmented images apart.
-    return warp_affine(
-        images,
-        matrices.to(images.dtype),
-        (height, width),
-        mode="bilinear",
-        padding_mode="reflection",
-        align_corners=True,
-    )
+    # black frame that D could use to tell augmented images apart. Differentiable twice (R1) on every device; the
+    # random matrices get no gradient.
+    return warp_affine_reflect(images, matrices)
 
 
 def _apply_colour(images: Tensor, transform: Tensor, offset: Tensor) -> Tensor:

@@ -21,7 +21,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Iterable, Iterator
-from contextlib import nullcontext
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -162,10 +162,22 @@ class TrainingCore(L.LightningModule):
         return strategy if isinstance(strategy, MultiNetworkFSDPStrategy) else None
 
     def keep_unsharded(self, *modules: nn.Module):
-        """Wrap a phase that differentiates through a gradient (R1, path length): under FSDP the weights of
-        `modules` stay gathered until the phase ends (a double backward needs them after the first backward).
-        A no-op for every other strategy."""
+        """Under FSDP the weights of `modules` stay gathered until the block ends (a double backward needs them
+        after the first backward). A no-op for every other strategy. Most phases want `double_backward`."""
         return self._fsdp.keep_unsharded(*modules) if self._fsdp is not None else nullcontext()
+
+    @contextmanager
+    def double_backward(self, *modules: nn.Module) -> Iterator[None]:
+        """Wrap a phase that differentiates through a gradient (R1, path length) of `modules`.
+
+        - Compiled networks run their eager forward inside the block: AOTAutograd's compiled backward is not itself
+          differentiable ("torch.compile with aot_autograd does not currently support double backward"; the
+          gradient from `autograd.grad(create_graph=True)` comes back without a grad_fn). The other phases keep the
+          compiled code; a lazy regulariser runs every 4-16 iterations, so eager costs little there.
+        - Under FSDP the weights stay gathered until the block ends (`keep_unsharded`).
+        """
+        with self.keep_unsharded(*modules), eager(*modules):
+            yield
 
     def configure_optimizers(self):
         from pixelsmith.perf.switches import adam_implementation
@@ -483,6 +495,25 @@ class TrainingCore(L.LightningModule):
         self._nonfinite_streaks = {k: int(v) for k, v in state.get("nonfinite_streaks", {}).items()}
         self._pending_precision_state = state.get("grad_scaler") or None
         self._precision = None
+
+
+@contextmanager
+def eager(*modules: nn.Module) -> Iterator[None]:
+    """Run modules compiled with `nn.Module.compile` uncompiled inside the block (their compiled code is kept for
+    after). Only the modules' own compiled entry points are switched off: a compiled sub-module keeps compiling."""
+    switched = [
+        (m, m._compiled_call_impl)
+        for module in modules
+        for m in module.modules()
+        if getattr(m, "_compiled_call_impl", None) is not None
+    ]
+    for m, _ in switched:
+        m._compiled_call_impl = None
+    try:
+        yield
+    finally:
+        for m, compiled in switched:
+            m._compiled_call_impl = compiled
 
 
 def _global_norm(grads: list[torch.Tensor]) -> torch.Tensor:

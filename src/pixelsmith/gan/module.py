@@ -133,7 +133,9 @@ class GANModule(TrainingCore):
             scaler = self.mixed_precision.scaler
             loss_scale = scaler.get_scale() if scaler is not None else 1.0
             r1_total = torch.zeros((), device=self.device)
-            with self.keep_unsharded(D):  # R1 is a double backward: under FSDP D's weights must stay gathered
+            with self.double_backward(
+                D
+            ):  # eager D (compiled backward is not differentiable), gathered under FSDP
                 for real in self.micro_batches(reals):
                     # One breakdown row for R1 (StyleGAN2-ADA's Dreg): its forward, gradient penalty (a first
                     # backward) and double backward, so its cost is visible apart from D_main's.

@@ -20,6 +20,7 @@ from torch import nn
 from torch.utils.data import DataLoader
 
 from pixelsmith.core.ema import EMA
+from pixelsmith.core.module import eager
 from pixelsmith.core.precision import AUTOCAST_DTYPES
 from pixelsmith.gan.losses import discriminator_loss, generator_loss, r1_penalty
 from pixelsmith.hardware import RuntimePlan
@@ -74,7 +75,7 @@ class PlainGAN:
         if self.r1_gamma > 0 and self.iteration % self.r1_interval == 0:
             real = reals.detach().requires_grad_(True)
             scale = self.scaler.get_scale() if self.scaler is not None else 1.0
-            with self.autocast():
+            with self.autocast(), eager(D):  # a compiled backward is not differentiable (core.module.eager)
                 logits = D(real)
             penalty = r1_penalty(logits, real, scale)
             self._backward_step(penalty * (self.r1_gamma / 2) * self.r1_interval, self.opt_d)

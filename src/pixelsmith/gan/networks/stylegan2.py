@@ -192,9 +192,16 @@ class SynthesisLayer(nn.Module):
     def __init__(self, in_channels: int, out_channels: int, w_dim: int, upsample: bool, use_noise: bool):
         super().__init__()
         self.conv = ModulatedConv2d(in_channels, out_channels, 3, w_dim, demodulate=True, upsample=upsample)
-        # Starts at zero so that noise is only used where training finds it helpful.
-        self.noise_strength = nn.Parameter(torch.zeros([])) if use_noise else None
+        # Starts at zero so that noise is only used where training finds it helpful. Shape (1,), not a scalar: FSDP2
+        # cannot shard a 0-d parameter (strategy=fsdp refused the whole generator).
+        self.noise_strength = nn.Parameter(torch.zeros(1)) if use_noise else None
         self.bias = nn.Parameter(torch.zeros(out_channels))
+
+    def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
+        strength = state_dict.get(prefix + "noise_strength")
+        if strength is not None and strength.ndim == 0:  # checkpoints from before the (1,) shape
+            state_dict[prefix + "noise_strength"] = strength.reshape(1)
+        super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
 
     def forward(self, x: Tensor, w: Tensor) -> Tensor:
         x = self.conv(x, w)

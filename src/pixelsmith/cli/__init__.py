@@ -1,0 +1,8 @@
+"""Entry points of an installed package: `pixelsmith-train` and `pixelsmith-evaluate` (also `python -m
+pixelsmith.cli.train` / `python -m pixelsmith.cli.evaluate`), plus `pixelsmith-stylize` and `pixelsmith-bench`
+(`pixelsmith.style.stylize`, `pixelsmith.perf.bench`).
+
+They do what `train.py` and `evaluate.py` at the repository root do, from any working directory: Hydra composes
+the config tree installed with the package (`pixelsmith.paths.CONF_DIR`: the clone's `conf/` in an editable install,
+`site-packages/pixelsmith/conf` in a plain one) and runs are written under `./outputs/` of the working directory.
+"""

@@ -1,0 +1,30 @@
+"""`pixelsmith-evaluate ckpt_path=RUN/checkpoints/last.ckpt [eval.num_samples=N ...]`: `python evaluate.py` for an
+installed package.
+
+Same job as `evaluate.py` at the repository root, composed from the packaged config tree
+(`pixelsmith.paths.CONF_DIR`) so it runs from any working directory; writes metrics.json and metrics.md into its
+run dir under `./outputs/`.
+"""
+
+import sys
+
+import hydra
+from omegaconf import DictConfig
+
+from pixelsmith.config.schema import register_configs
+from pixelsmith.entry import guarded_run
+from pixelsmith.paths import CONF_DIR, register_resolvers
+
+register_configs()
+register_resolvers()
+
+
+@hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name="evaluate")
+def main(cfg: DictConfig) -> float | None:
+    from pixelsmith.evaluate import evaluate
+
+    return guarded_run(evaluate, cfg, objective="fid")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,28 @@
+"""`pixelsmith-train [group=option ...] [key=value ...]`: `python train.py` for an installed package.
+
+Same job as `train.py` at the repository root (see its docstring and the README), composed from the packaged
+config tree (`pixelsmith.paths.CONF_DIR`) so it runs from any working directory; runs go to `./outputs/`.
+"""
+
+import sys
+
+import hydra
+from omegaconf import DictConfig
+
+from pixelsmith.config.schema import register_configs
+from pixelsmith.entry import guarded_run
+from pixelsmith.paths import CONF_DIR, register_resolvers
+
+register_configs()
+register_resolvers()
+
+
+@hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name="train")
+def main(cfg: DictConfig) -> float | None:
+    from pixelsmith.train import run
+
+    return guarded_run(run, cfg, objective=cfg.objective)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,216 @@
+"""The GPU test set: `pytest -m gpu` on a machine with a CUDA GPU (skipped without one; CPU CI does not run it).
+
+It trains every GPU path of the README for a few iterations with the hardware profiles' own defaults (compile and
+channels_last included): each profile (auto, v100, a100, h100) in each precision, each strategy (auto, ddp and fsdp
+on one GPU), each model (DCGAN, StyleGAN2 with lazy R1 through ADA and DiffAugment, style_fast, style_adain), with
+sample grids and FID evaluation between iterations; then `evaluate.py` and `stylize.py device=cuda` on the results,
+and a memory check. Budget: under 10 minutes on one H100 (most of it torch.compile; inductor's on-disk cache makes
+a second run faster).
+
+`PIXELSMITH_GPU_TESTS_ON_CPU=1 pytest -m gpu` runs the same cases on CPU (cpu profile with compile and
+channels_last, the CUDA assertions dropped): a slow dry run of this file's logic for sessions without a GPU.
+"""
+
+from __future__ import annotations
+
+import gc
+import json
+import math
+import os
+
+import pytest
+import torch
+import torch._dynamo
+
+from pixelsmith.train import run
+from tests.conftest import SMALL, compose_config, run_cli
+
+ON_CPU = os.environ.get("PIXELSMITH_GPU_TESTS_ON_CPU") == "1"
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(
+        not (torch.cuda.is_available() or ON_CPU), reason="needs a CUDA GPU (pytest -m gpu on a GPU machine)"
+    ),
+]
+
+# A few iterations of everything: R1 (r1_interval=2: at iterations 0 and 2), samples and evaluation between them.
+COMMON = [
+    "train.progress_bar=false",
+    "logger=csv",
+    "data.limit=1024",
+    "max_steps=3",
+    "train.log_every_n_steps=1",
+    "train.sample_every_n_steps=2",
+    "train.checkpoint_every_n_steps=2",
+    "eval.every_n_steps=2",
+    "eval.num_samples=256",
+    "eval.batch_size=128",
+    "eval.reference_samples=512",
+]
+GAN_CASES = {
+    # profile x precision, each with the profile's own compile/channels_last/cudnn/TF32/fused-Adam settings.
+    "auto": ["hardware=auto"],
+    "auto-32-true": ["hardware=auto", "precision=32-true"],
+    "auto-16-mixed": ["hardware=auto", "precision=16-mixed"],
+    # v100: 16-mixed with a GradScaler (runs on any sm_70+ GPU and warns that it is tuned for a V100)
+    "v100": ["hardware=v100"],
+    "v100-32-true": ["hardware=v100", "precision=32-true"],
+    "a100": ["hardware=a100"],
+    "a100-16-mixed": ["hardware=a100", "precision=16-mixed"],
+    "h100": ["hardware=h100"],
+    "h100-16-mixed": ["hardware=h100", "precision=16-mixed"],
+    "h100-32-true": ["hardware=h100", "precision=32-true"],
+    # strategies on one GPU
+    "ddp": ["hardware=auto", "strategy=ddp"],
+    "ddp-16-mixed": ["hardware=auto", "strategy=ddp", "precision=16-mixed"],
+    "fsdp": ["hardware=auto", "strategy=fsdp"],
+    "fsdp-16-mixed": ["hardware=auto", "strategy=fsdp", "precision=16-mixed"],
+    # StyleGAN2 with lazy R1 through each augmentation, in each precision
+    "stylegan2-ada": [*SMALL["stylegan2"], "hardware=auto", "augment=ada", "augment.initial_p=0.5"],
+    "stylegan2-ada-16-mixed": [
+        *SMALL["stylegan2"],
+        "hardware=auto",
+        "augment=ada",
+        "augment.initial_p=0.5",
+        "precision=16-mixed",
+    ],
+    "stylegan2-diffaugment-32-true": [
+        *SMALL["stylegan2"],
+        "hardware=auto",
+        "augment=diffaugment",
+        "precision=32-true",
+    ],
+    "stylegan2-ada-fsdp": [
+        *SMALL["stylegan2"],
+        "hardware=auto",
+        "augment=ada",
+        "augment.initial_p=0.5",
+        "strategy=fsdp",
+    ],
+    "dcgan-r1-ada": ["hardware=auto", "model.r1_gamma=1.0", "augment=ada", "augment.initial_p=0.5"],
+}
+STYLE_CASES = {
+    "style_fast": ["experiment=style_fast"],
+    "style_fast-16-mixed": ["experiment=style_fast", "precision=16-mixed"],
+    "style_adain": ["experiment=style_adain"],
+}
+
+
+OFFLINE_STYLE = ["model.loss_net.pretrained=false"]  # no VGG weights on the test machines (LPIPS follows it)
+
+
+def _on_device(overrides: list[str]) -> list[str]:
+    if not ON_CPU:
+        return overrides
+    # The dry run: the cpu profile with the GPU profiles' compile and channels_last, fp32 where the case says bf16.
+    kept = [o for o in overrides if not o.startswith("hardware=")]
+    return [*kept, "hardware=cpu", "hardware.compile=true", "hardware.channels_last=true"]
+
+
+def _config(overrides: list[str], out):
+    return compose_config([*COMMON, *_on_device(overrides)], out)
+
+
+def _train(overrides: list[str], out) -> dict[str, float]:
+    cfg = _config(overrides, out)
+    with_r1 = cfg.model.get("r1_gamma", 0) and cfg.model.get("r1_interval")
+    if with_r1:
+        cfg.model.r1_interval = 2
+    metrics = run(cfg)
+    plan = json.loads(json.dumps(_resolved(out)["runtime_plan"]))
+    assert metrics["iteration"] == 3
+    if not ON_CPU:
+        assert plan["accelerator"] == "cuda"
+    assert plan["compile"] and plan["channels_last"], "the GPU profiles compile and use channels_last"
+    assert torch._dynamo.utils.counters["stats"]["unique_graphs"] > 0, "nothing was compiled"
+    finite = {k: v for k, v in metrics.items() if k.startswith("loss/")}
+    assert finite and all(math.isfinite(v) for v in finite.values()), finite
+    if with_r1:
+        assert metrics["loss/r1"] > 0
+    state = torch.load(out / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=True)
+    assert state["pixelsmith"]["iteration"] == 3
+    assert not [k for k in state["state_dict"] if "_orig_mod" in k]
+    return metrics
+
+
+def _resolved(out):
+    from omegaconf import OmegaConf
+
+    return OmegaConf.to_container(OmegaConf.load(out / "config_resolved.yaml"))
+
+
+@pytest.mark.parametrize("case", list(GAN_CASES))
+def test_gan_trains_on_the_gpu(case, tmp_path):
+    _train(GAN_CASES[case], tmp_path / "run")
+    history = json.loads((tmp_path / "run" / "eval_history.json").read_text())["history"]
+    assert [e["iteration"] for e in history] == [0, 2, 3]
+    assert all(math.isfinite(e["fid"]) for e in history)
+    assert sorted(p.name for p in (tmp_path / "run" / "samples").glob("*.png"))[:2] == [
+        "step_0000000.png",
+        "step_0000002.png",
+    ]
+
+
+@pytest.mark.parametrize("case", list(STYLE_CASES))
+def test_style_model_trains_on_the_gpu(case, tmp_path):
+    _train([*STYLE_CASES[case], *OFFLINE_STYLE], tmp_path / "run")
+
+
+def test_evaluate_and_stylize_run_on_cuda(tmp_path):
+    device = "cpu" if ON_CPU else "cuda"
+    gan = tmp_path / "gan"
+    _train(["hardware=auto"], gan)
+    result = run_cli(
+        [
+            "evaluate.py",
+            f"ckpt_path={gan / 'checkpoints' / 'last.ckpt'}",
+            *_on_device(["hardware=auto"]),
+            "eval.num_samples=256",
+            "eval.reference_samples=512",
+            f"hydra.run.dir={tmp_path / 'evaluation'}",
+        ]
+    )
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    report = json.loads((tmp_path / "evaluation" / "metrics.json").read_text())
+    assert math.isfinite(report["metrics"]["fid"])
+
+    style = tmp_path / "style"
+    _train(["experiment=style_fast", *OFFLINE_STYLE], style)
+    from PIL import Image
+
+    from pixelsmith.paths import DATA_DIR
+    from pixelsmith.style.stylize import main as stylize
+
+    photo = DATA_DIR / "style" / "content" / "chelsea.jpg"
+    for precision in ("32-true", "bf16-mixed"):
+        output = tmp_path / f"stylized_{precision}.png"
+        code = stylize(
+            [
+                f"ckpt_path={style / 'checkpoints' / 'last.ckpt'}",
+                f"input={photo}",
+                f"output={output}",
+                f"device={device}",
+                f"precision={precision}",
+                "tile=128",
+                "overlap=16",
+            ]
+        )
+        assert code == 0 and Image.open(output).size == Image.open(photo).size
+
+
+@pytest.mark.skipif(ON_CPU, reason="CUDA memory counters")
+def test_gpu_memory_is_released_after_a_run(tmp_path):
+    """Peak memory of a short run is bounded, and a finished run leaves nothing allocated behind it (a sweep runs
+    its jobs in one process)."""
+    torch._dynamo.reset()
+    gc.collect()
+    torch.cuda.empty_cache()
+    baseline = torch.cuda.memory_allocated()
+    torch.cuda.reset_peak_memory_stats()
+    _train(["hardware=auto"], tmp_path / "run")
+    peak = torch.cuda.max_memory_allocated()
+    torch._dynamo.reset()
+    gc.collect()
+    leftover = torch.cuda.memory_allocated() - baseline
+    assert peak < 8 * 2**30, f"peak {peak / 2**30:.1f} GiB for a 32 px DCGAN"
+    assert leftover < 64 * 2**20, f"{leftover / 2**20:.0f} MiB still allocated after the run"

@@ -1,0 +1,204 @@
+"""Packaging: a plain (non-editable) install carries the config tree and the embedded data and trains from any
+working directory; pyproject.toml declares supported ranges and constraints.txt pins the tested set."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tomllib
+import zipfile
+from pathlib import Path
+
+import pytest
+from omegaconf import OmegaConf
+from packaging.requirements import Requirement
+from packaging.utils import canonicalize_name
+
+from pixelsmith.paths import CONF_DIR, DATA_DIR, REPO_ROOT
+from tests.conftest import SMALL, run_cli
+
+REPO = Path(__file__).resolve().parents[1]
+# What the build reads; copied so that the build's build/ and *.egg-info never land in the working tree.
+BUILD_INPUTS = ["pyproject.toml", "README.md", "src", "conf", "data"]
+JUNK = shutil.ignore_patterns("__pycache__", "*.pyc", "*.egg-info", "build")
+SCRIPTS = {
+    "pixelsmith-train": "pixelsmith.cli.train:main",
+    "pixelsmith-evaluate": "pixelsmith.cli.evaluate:main",
+    "pixelsmith-stylize": "pixelsmith.style.stylize:main",
+}
+
+
+def _files(folder: Path) -> list[Path]:
+    return sorted(
+        p.relative_to(folder)
+        for p in folder.rglob("*")
+        if p.is_file() and "__pycache__" not in p.parts and p.suffix != ".pyc"
+    )
+
+
+def _pyproject() -> dict:
+    return tomllib.loads((REPO / "pyproject.toml").read_text())
+
+
+def _constraints() -> dict[str, str]:
+    pins = {}
+    for line in (REPO / "constraints.txt").read_text().splitlines():
+        line = line.split("#", 1)[0].strip()
+        if line:
+            name, _, version = line.partition("==")
+            assert version, f"constraints.txt: {line!r} is not an exact pin (name==version)"
+            pins[canonicalize_name(name)] = version.strip()
+    return pins
+
+
+@pytest.fixture(scope="module")
+def wheel(tmp_path_factory) -> Path:
+    """The wheel `pip install .` would install, built (without dependencies or network) from a copy of the tree."""
+    root = tmp_path_factory.mktemp("wheel")
+    tree = root / "tree"
+    tree.mkdir()
+    for name in BUILD_INPUTS:
+        source = REPO / name
+        if source.is_dir():
+            shutil.copytree(source, tree / name, ignore=JUNK)
+        else:
+            shutil.copy2(source, tree / name)
+    result = subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "--no-index"]
+        + ["--disable-pip-version-check", "-q", "-w", str(root / "dist"), str(tree)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    (built,) = (root / "dist").glob("pixelsmith-*.whl")
+    return built
+
+
+@pytest.mark.slow
+def test_wheel_carries_every_config_data_file_module_and_entry_point(wheel):
+    with zipfile.ZipFile(wheel) as archive:
+        names = set(archive.namelist())
+        (entry_points,) = [n for n in names if n.endswith(".dist-info/entry_points.txt")]
+        scripts = archive.read(entry_points).decode()
+    expected = {
+        "pixelsmith/conf": _files(REPO / "conf"),
+        "pixelsmith/embedded_data": _files(REPO / "data"),
+        "pixelsmith": _files(REPO / "src" / "pixelsmith"),
+    }
+    assert any(p.name == "train.yaml" for p in expected["pixelsmith/conf"])
+    assert Path("mnist_5k.npz") in expected["pixelsmith/embedded_data"]
+    for prefix, files in expected.items():
+        missing = [str(p) for p in files if f"{prefix}/{p.as_posix()}" not in names]
+        assert not missing, (
+            f"not in the wheel under {prefix}/: {missing} (package-data globs in pyproject.toml, "
+            "[tool.setuptools] packages in pyproject.toml)"
+        )
+    for script, target in SCRIPTS.items():
+        assert f"{script} = {target}" in scripts
+
+
+@pytest.mark.slow
+def test_plain_install_trains_from_any_directory_with_packaged_configs_and_data(wheel, tmp_path):
+    site = tmp_path / "site"  # the wheel unpacked = what `pip install .` puts in site-packages
+    with zipfile.ZipFile(wheel) as archive:
+        archive.extractall(site)
+    work = tmp_path / "work"  # an unrelated working directory: no conf/, no data/
+    work.mkdir()
+    env = {"PYTHONPATH": os.pathsep.join(filter(None, [str(site), os.environ.get("PYTHONPATH")]))}
+
+    # pixelsmith, its configs and its data come from the wheel, not from this checkout's src/.
+    probe = """
+import json, pixelsmith, pixelsmith.cli.train
+from hydra import compose, initialize_config_dir
+from omegaconf import OmegaConf
+from pixelsmith.config.schema import register_configs
+from pixelsmith.paths import CONF_DIR, DATA_DIR, REPO_ROOT
+register_configs()
+with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+    cfg = compose("train", ["experiment=style_fast"])
+print(json.dumps({
+    "package": pixelsmith.__file__, "cli": pixelsmith.cli.train.__file__, "conf": str(CONF_DIR),
+    "data": str(DATA_DIR), "repo_root": None if REPO_ROOT is None else str(REPO_ROOT),
+    "content": OmegaConf.select(cfg, "data.root"), "styles": list(OmegaConf.select(cfg, "model.style_images")),
+}))
+"""
+    result = run_cli(["-c", probe], cwd=work, timeout=120, env_extra=env)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    found = json.loads(result.stdout.strip().splitlines()[-1])
+    package = (site / "pixelsmith").resolve()
+    assert Path(found["package"]).resolve() == package / "__init__.py"
+    assert Path(found["cli"]).resolve() == package / "cli" / "train.py"
+    assert Path(found["conf"]).resolve() == package / "conf"
+    assert Path(found["data"]).resolve() == package / "embedded_data"
+    assert found["repo_root"] is None
+    assert Path(found["content"]).resolve() == package / "embedded_data" / "style" / "content"
+    for path in [found["content"], *found["styles"]]:
+        assert Path(path).exists() and Path(path).resolve().is_relative_to(package)
+
+    # `python -m pixelsmith.cli.train` (what `pixelsmith-train` calls) trains on the packaged MNIST digits and
+    # writes its run under ./outputs of the working directory.
+    args = ["debug=fast", "max_steps=2", "hardware=cpu", "train.progress_bar=false", "logger=csv"]
+    args += ["eval.every_n_steps=0", *SMALL["dcgan"]]
+    result = run_cli(["-m", "pixelsmith.cli.train", *args], cwd=work, timeout=300, env_extra=env)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    assert sorted(p.name for p in work.iterdir()) == ["outputs"]
+    (run_dir,) = (work / "outputs" / "debug" / "runs").iterdir()
+    assert json.loads((run_dir / "final_metrics.json").read_text())["iteration"] == 2
+    assert (run_dir / "checkpoints" / "last.ckpt").is_file()
+    assert (run_dir / "samples" / "step_0000002.png").is_file()
+    assert (run_dir / "train.log").is_file()  # Hydra's job name is the entry point's, as with train.py
+    resolved = OmegaConf.load(run_dir / "config_resolved.yaml")
+    assert Path(resolved.paths.data_dir).resolve() == package / "embedded_data"
+    sources = OmegaConf.load(run_dir / ".hydra" / "hydra.yaml").hydra.runtime.config_sources
+    assert any(s.provider == "main" and Path(s.path).resolve() == package / "conf" for s in sources)
+
+
+def test_checkout_resolves_conf_and_data_to_the_repository_folders():
+    # In this checkout (editable install or src/ on sys.path) the resources are the repo's own conf/ and data/.
+    assert CONF_DIR.resolve() == REPO / "conf" and DATA_DIR.resolve() == REPO / "data"
+    assert REPO_ROOT is not None and REPO_ROOT.resolve() == REPO
+    cfg = OmegaConf.load(CONF_DIR / "paths" / "default.yaml")
+    assert Path(cfg.data_dir) == DATA_DIR  # the ${pixelsmith.data_dir:} resolver
+    assert (DATA_DIR / "mnist_5k.npz").is_file() and (CONF_DIR / "hardware" / "cpu.yaml").is_file()
+
+
+def test_pyproject_declares_ranges_and_constraints_pin_a_tested_point_in_them():
+    project = _pyproject()["project"]
+    runtime = [Requirement(r) for r in project["dependencies"]]
+    extras = [Requirement(r) for reqs in project["optional-dependencies"].values() for r in reqs]
+    by_name = {canonicalize_name(r.name): r for r in runtime}
+
+    for req in runtime:  # ranges, never exact pins: an installed compatible torch (a CUDA build) is kept
+        operators = {spec.operator for spec in req.specifier}
+        assert not operators & {"==", "==="}, (
+            f"{req}: declare a range in pyproject.toml, pin in constraints.txt"
+        )
+        assert ">=" in operators and "<" in operators, f"{req}: needs a lower and an upper bound"
+    for name, admitted, refused in [
+        ("torch", ["2.6.0", "2.11.0", "2.14.1"], ["2.5.1", "3.0.0"]),
+        ("torchvision", ["0.21.0", "0.26.0", "0.29.1"], ["1.0.0"]),
+        ("lightning", ["2.5.0", "2.6.6"], ["3.0.0"]),
+    ]:
+        spec = by_name[name].specifier
+        assert all(spec.contains(v) for v in admitted) and not any(spec.contains(v) for v in refused), spec
+    python = Requirement(f"python{project['requires-python']}").specifier
+    assert all(python.contains(v) for v in ["3.11.0", "3.12.0", "3.13.0"])
+
+    pins = _constraints()
+    for req in runtime + extras:
+        name = canonicalize_name(req.name)
+        assert name in pins, f"{req.name} has no pin in constraints.txt"
+        assert req.specifier.contains(pins[name]), f"constraints.txt pins {name}=={pins[name]} outside {req}"
+    first = (REPO / "constraints.txt").read_text().splitlines()[0]
+    assert first.startswith("#") and "tested" in first and "torch " + pins["torch"] in first
+
+    # The documented install and CI install the tested set.
+    assert 'pip install -q -c constraints.txt -e ".[dev]"' in (REPO / ".ci" / "run").read_text()
+    readme = (REPO / "README.md").read_text()
+    assert readme.count('pip install -q -c constraints.txt -e ".[dev]"') >= 2
+    assert set(project["scripts"]) >= set(SCRIPTS)
