@@ -13,8 +13,10 @@ compile cache carried over), `--warmup` iterations first, then `--steps` timed o
 Template and plain alternate in order from repeat to repeat, and cells interleave, so load drift on a shared
 machine spreads evenly. Reported: medians with min-max over repeats; overhead = plain / template - 1 per repeat pair,
 in wall time and in process CPU time (steadier on a shared machine).
-FLOPs per iteration are counted once per cell (FlopCounterMode on a plain iteration: same networks, same FLOPs);
-MFU = FLOPs x iterations/s / peak (datasheet table on NVIDIA GPUs, measured GEMM peak on CPU).
+FLOPs per iteration are counted once per cell (FlopCounterMode without its module tracker on plain iterations: same
+networks, same FLOPs), one without and one with lazy R1; the reported figure is their mean over the timed iterations
+(R1 where iteration % r1_interval == 0), so MFU = FLOPs x iterations/s / peak is exact for the timed window
+(datasheet table on NVIDIA GPUs, measured GEMM peak on CPU).
 
 Outputs in the run dir (default outputs/bench/<timestamp>): bench.json (one record per cell), bench.md, bench.png,
 and each run's own dir under runs/.
@@ -145,14 +147,22 @@ def _images_per_second(ends: list[float], warmup: int, steps: int, batch: int) -
     return steps * batch / (ends[warmup + steps - 1] - ends[warmup - 1])
 
 
-def _count_plain_flops(cfg, plan, optimizer_impl: str) -> int:
-    from pixelsmith.perf.flops import count_flops
+def _count_plain_flops(cfg, plan, optimizer_impl: str, warmup: int, steps: int) -> dict[str, Any]:
+    """FLOPs of a plain iteration without and with lazy R1, and their mean over the timed iterations
+    (warmup .. warmup + steps - 1 of a fresh run: R1 runs where iteration % r1_interval == 0)."""
+    from pixelsmith.perf.flops import count_gan_iteration_flops
     from pixelsmith.perf.plain_loop import build_plain_gan, endless, plain_loader
 
     gan = build_plain_gan(cfg, plan, optimizer_impl)
-    gan.iteration = 1  # not an R1 iteration: the count describes the common iteration
     images = next(endless(plain_loader(cfg, plan)))
-    return count_flops(lambda: gan.step(images))
+    counts = count_gan_iteration_flops(gan, images)
+    return {
+        "flops_per_iteration": counts.mean_over(range(warmup, warmup + steps)),
+        "flops_common_iteration": counts.common,
+        "flops_r1_iteration": counts.r1,
+        "r1_interval": counts.r1_interval,
+        "flops_per_iteration_amortised": counts.amortised,
+    }
 
 
 def child_main(spec: dict[str, Any]) -> dict[str, Any]:
@@ -192,8 +202,14 @@ def child_main(spec: dict[str, Any]) -> dict[str, Any]:
             from pixelsmith.train import build_plan
 
             plan = build_plan(cfg)
-            result["flops_per_iteration"] = _count_plain_flops(
-                cfg, plan, resolve_switches(cfg.hardware, plan).optimizer_impl
+            result.update(
+                _count_plain_flops(
+                    cfg,
+                    plan,
+                    resolve_switches(cfg.hardware, plan).optimizer_impl,
+                    spec["warmup"],
+                    spec["steps"],
+                )
             )
     else:
         import lightning as L
@@ -212,7 +228,9 @@ def child_main(spec: dict[str, Any]) -> dict[str, Any]:
         loader = plain_loader(cfg, plan)
         ends, cpu_ends = run_plain(gan, loader, spec["warmup"] + spec["steps"])
         if spec.get("count_flops"):
-            result["flops_per_iteration"] = _count_plain_flops(cfg, plan, switches.optimizer_impl)
+            result.update(
+                _count_plain_flops(cfg, plan, switches.optimizer_impl, spec["warmup"], spec["steps"])
+            )
     result["img_per_s"] = _images_per_second(ends, spec["warmup"], spec["steps"], cell.batch_size)
     timed = ends[spec["warmup"] - 1 : spec["warmup"] + spec["steps"]]
     result["iteration_seconds"] = [b - a for a, b in zip(timed, timed[1:], strict=False)]
@@ -318,7 +336,7 @@ def run_matrix(args: argparse.Namespace) -> dict[str, Any]:
     out.mkdir(parents=True, exist_ok=True)
     base = _base_settings(args)
     kinds = ["template"] + ([] if args.no_plain else ["plain"])
-    flops: dict[str, int] = {}
+    flops: dict[str, float] = {}
     load_start = load_average()
     for precision in sorted({c.precision for c in cells}):
         peak_for(precision, args.hardware)  # measure or read the CPU GEMM peak before the runs
@@ -400,6 +418,15 @@ def collect_runs(out: Path) -> tuple[dict[str, dict[str, list[dict[str, Any]]]],
     return runs, breakdown
 
 
+# Per-kind FLOP counts a run's result carries next to flops_per_iteration (the mean over the timed iterations).
+FLOP_DETAIL_KEYS = (
+    "flops_common_iteration",
+    "flops_r1_iteration",
+    "r1_interval",
+    "flops_per_iteration_amortised",
+)
+
+
 def write_report(
     out: Path, args: argparse.Namespace, load_start, wall_seconds: float | None
 ) -> dict[str, Any]:
@@ -412,8 +439,17 @@ def write_report(
         for r in results
         if "flops_per_iteration" in r
     }
+    flop_details = {
+        slug: {key: r[key] for key in FLOP_DETAIL_KEYS if key in r}
+        for slug, kinds in runs.items()
+        for results in kinds.values()
+        for r in results
+        if "flops_per_iteration" in r
+    }
     kinds = ["template"] + ([] if args.no_plain else ["plain"])
     records = [_cell_record(cell, runs.get(cell.slug, {}), flops.get(cell.slug), args) for cell in cells]
+    for cell, record in zip(cells, records, strict=True):
+        record.update(flop_details.get(cell.slug, {}))
     load_end = load_average()
     previous = out / "bench.json"
     if load_start is None and previous.is_file():
@@ -454,7 +490,7 @@ def _read_breakdown(result: dict[str, Any]) -> dict[str, Any]:
 
 
 def _cell_record(
-    cell: Cell, runs: dict[str, list[dict[str, Any]]], flops: int | None, args
+    cell: Cell, runs: dict[str, list[dict[str, Any]]], flops: float | None, args
 ) -> dict[str, Any]:
     template = [r["img_per_s"] for r in runs.get("template", []) if "img_per_s" in r]
     plain = [r["img_per_s"] for r in runs.get("plain", []) if "img_per_s" in r]
@@ -622,6 +658,9 @@ def bench_markdown(report: dict[str, Any]) -> str:
         "timed iteration of all repeats pooled, template over plain - 1: the overhead figure to quote (a burst of "
         "load moves a few iterations, not the pooled median). Best iteration: the fastest timed iteration over all "
         "repeats (timeit's rule).",
+        "GFLOP/iter: matmul and convolution FLOPs (forward, backward, R1's double backward) of the plain "
+        "iteration, averaged over the timed iterations: lazy R1 iterations (every r1_interval-th) count as often "
+        "as they ran; bench.json also holds the iteration without and with R1 and the long-run mean.",
         "MFU peaks: " + "; ".join(sorted(peaks)),
     ]
     lines += targets_markdown(report)

@@ -1,7 +1,10 @@
 """FLOP counting and the peak FLOP/s that MFU (model FLOPs utilisation) is measured against.
 
 FLOPs come from `torch.utils.flop_counter.FlopCounterMode` (matmul/conv/attention FLOPs, forward and backward, the
-usual MFU convention: element-wise work and optimizer updates are not counted).
+usual MFU convention: element-wise work and optimizer updates are not counted), totals only: FlopCounterMode's
+per-module attribution (`torch.utils.module_tracker.ModuleTracker`) is switched off, as its forward hooks put
+autograd hooks on module inputs and fail on a view of a parameter made under `no_grad` ("Expected gradient function
+to be set": StyleGAN2's constant input when G runs under no_grad) and on `autograd.grad` of leaves (lazy R1).
 
 GPU peaks are dense (no 2:4 sparsity) tensor-core figures from NVIDIA's datasheets, in FLOP/s. "tf32" is the peak
 when fp32 matmuls run on tensor cores (`matmul_precision=high` / allow_tf32); "fp16"/"bf16" assume fp32
@@ -20,6 +23,7 @@ import platform
 import re
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -168,18 +172,87 @@ def device_peak_flops(device: torch.device, precision: str, override_tflops: flo
     return None, key, f"no peak known for {device.type}"
 
 
+class _NoModuleTracker:
+    """Stands in for FlopCounterMode's ModuleTracker: every FLOP goes to "Global" (the total), no hooks at all.
+
+    The tracker registers a global module forward (pre-)hook that calls `register_multi_grad_hook` on every module
+    input and output that requires grad. That raises "Expected gradient function to be set" for a view of a
+    parameter taken under `no_grad` (it keeps requires_grad=True but has no grad_fn: StyleGAN2's `const[None]
+    .expand(...)` when G makes the fakes for D under no_grad), and its hooks on leaves break `torch.autograd.grad`
+    (pytorch#131753: R1's gradient w.r.t. the real images). Attribution to modules is not needed for a total."""
+
+    parents = frozenset({"Global"})
+    is_bw = False
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *args) -> None:
+        return None
+
+
+class TotalFlopCounter(FlopCounterMode):
+    """`FlopCounterMode(display=False)` without module attribution: `get_total_flops()` only, safe under no_grad,
+    double backward (`autograd.grad(create_graph=True)`), gradient checkpointing and detached tensors."""
+
+    def __init__(self):
+        super().__init__(display=False)
+        self.mod_tracker = _NoModuleTracker()
+
+
 def count_flops(fn: Callable[[], object]) -> int:
     """FLOPs of running `fn()` (forward and any backward it runs), compiled code run eagerly for the count."""
-    with _eager(), FlopCounterMode(display=False) as counter:
+    with _eager(), TotalFlopCounter() as counter:
         fn()
     return int(counter.get_total_flops())
+
+
+@dataclass(frozen=True)
+class GANIterationFlops:
+    """FLOPs of one GAN iteration of each kind: `common`, and `r1` (an iteration with lazy R1, every
+    `r1_interval`-th; equal to `common` when R1 is off)."""
+
+    common: int
+    r1: int
+    r1_interval: int
+
+    @property
+    def amortised(self) -> float:
+        """The long-run mean per iteration: one R1 iteration in every `r1_interval`."""
+        return self.common + (self.r1 - self.common) / self.r1_interval
+
+    def mean_over(self, iterations: range) -> float:
+        """Mean FLOPs per iteration over these iteration numbers (R1 runs where `iteration % r1_interval == 0`)."""
+        if len(iterations) == 0:
+            return float(self.common)
+        with_r1 = sum(1 for i in iterations if i % self.r1_interval == 0) if self.r1 != self.common else 0
+        return self.common + with_r1 * (self.r1 - self.common) / len(iterations)
+
+
+def count_gan_iteration_flops(gan, images) -> GANIterationFlops:
+    """Count a `pixelsmith.perf.plain_loop.PlainGAN` iteration on `images` without and with lazy R1 (two real
+    steps: weights and optimizer state change, which FLOPs do not depend on; `gan.iteration` is restored)."""
+    saved = gan.iteration
+    interval = max(1, int(gan.r1_interval))
+    lazy_r1 = gan.r1_gamma > 0
+    try:
+        gan.iteration = 1  # not an R1 iteration (unless r1_interval is 1: then every iteration has R1)
+        common = count_flops(lambda: gan.step(images))
+        if lazy_r1 and interval > 1:
+            gan.iteration = 0
+            r1 = count_flops(lambda: gan.step(images))
+        else:
+            r1 = common
+    finally:
+        gan.iteration = saved
+    return GANIterationFlops(common=common, r1=r1, r1_interval=interval)
 
 
 class FlopCounting:
     """Enter/exit pair around one real training iteration (a callback opens it in one hook, closes it in another)."""
 
     def __init__(self):
-        self._counter = FlopCounterMode(display=False)
+        self._counter = TotalFlopCounter()
         self._stance = _eager()
         self.flops: int | None = None
 

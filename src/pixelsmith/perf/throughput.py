@@ -1,11 +1,19 @@
 """Throughput and utilisation: images/s averaged over windows, FLOPs per iteration, achieved FLOP/s, MFU, peak memory.
 
-FLOPs are counted once, on a real training iteration (the last warm-up one, so its slower, instrumented step is
-not in any average), with `torch.utils.flop_counter.FlopCounterMode`: every matmul/convolution of that iteration,
-forward and backward, for every network. Iterations that differ (StyleGAN2's lazy R1 every 16th iteration) are not
-in that count, so MFU is slightly understated for them. MFU = achieved FLOP/s per device / peak FLOP/s of the
-device at the run's precision (`pixelsmith.perf.flops`). Written every `every_n_steps` iterations as `perf/*`
-scalars and at the end as `perf/throughput.json`.
+FLOPs are counted on real training iterations with `torch.utils.flop_counter.FlopCounterMode` (without its module
+tracker, `pixelsmith.perf.flops.TotalFlopCounter`): every matmul/convolution of the module's `training_step`, forward
+and backward (double backward included), for every network; callbacks around the step (sample grids, evaluation) are
+outside the count. Iterations come in kinds: "common", and "r1" for a GAN's lazy-R1 iterations (every
+`r1_interval`-th, when `r1_gamma > 0`). The common kind is counted on the last warm-up iteration (or the first common
+one after it); R1 on the first R1 iteration, iteration 0 of a fresh run, inside the warm-up, unless a network is
+compiled (counting runs the step eagerly and would push compilation into the timed window): then on the first R1
+iteration after the warm-up (e.g. 16), which is left out of the timed iterations (the counter slows it down; the
+step-time breakdown still holds it). Every timed iteration then has a known count, so FLOP/s is exact: the FLOPs of
+the timed iterations, each of its kind, over their time. `flops_per_iteration` in throughput.json is that mean over
+the timed iterations (lazy R1 included as often as it ran), with the per-kind counts and the amortised long-run
+figure beside it. MFU = achieved FLOP/s per device / peak FLOP/s of the device at the run's precision
+(`pixelsmith.perf.flops`). Written every `every_n_steps` iterations as `perf/*` scalars and at the end as
+`perf/throughput.json`.
 """
 
 from __future__ import annotations
@@ -26,6 +34,21 @@ from pixelsmith.perf.memory import peak_memory_mb
 log = logging.getLogger(__name__)
 
 
+def iteration_kind(pl_module) -> str:
+    """The kind of the iteration about to run: "r1" where it runs lazy R1 (a GANModule with r1_gamma > 0 and
+    r1_interval > 1, at `iteration % r1_interval == 0`, as its training_step decides), else "common"."""
+    gamma = float(getattr(pl_module, "r1_gamma", 0.0) or 0.0)
+    interval = int(getattr(pl_module, "r1_interval", 1) or 1)
+    if gamma > 0 and interval > 1 and int(getattr(pl_module, "iteration", 0)) % interval == 0:
+        return "r1"
+    return "common"
+
+
+def _has_compiled(pl_module) -> bool:
+    modules = pl_module.modules() if hasattr(pl_module, "modules") else ()
+    return any(getattr(m, "_compiled_call_impl", None) is not None for m in modules)
+
+
 class ThroughputMonitor(Callback):
     def __init__(
         self,
@@ -40,15 +63,24 @@ class ThroughputMonitor(Callback):
         self.warmup_steps = max(0, int(warmup_steps))
         self.peak_tflops = peak_tflops
         self.count_flops = count_flops
-        self.flops_per_iteration: int | None = None
+        self.flops_by_kind: dict[str, int] = {}  # FLOPs of one iteration of each kind ("common", "r1")
+        # Index (0-based, from the start of this fit) of the iteration each count was taken on.
+        self.flops_counted_at: dict[str, int] = {}
         self.peak_flops: float | None = None
         self.peak_key = ""
         self.peak_source = ""
-        self._counting: FlopCounting | None = None
+        self.r1_interval: int | None = None
+        self._kind = "common"
+        self._counted_now = False
+        self._wrapped = None
         self._last_end: float | None = None
         self._seen = 0
         self.step_times: list[float] = []
-        self._window: list[float] = []
+        self._window: list[tuple[float, int | None]] = []
+        self._timed_seconds = 0.0
+        self._timed_flops = 0
+        self._timed_flops_known = True
+        self._timed_by_kind: dict[str, int] = {}
         self.images_per_iteration = 0
         self.summary: dict[str, Any] | None = None
 
@@ -56,6 +88,15 @@ class ThroughputMonitor(Callback):
     def count_at(self) -> int:
         """Index (0-based, counted from the start of this fit) of the iteration whose FLOPs are counted."""
         return max(0, self.warmup_steps - 1)
+
+    @property
+    def flops_per_iteration(self) -> float | None:
+        """Mean FLOPs of the timed iterations (each counted for its kind); before any, the common iteration's."""
+        timed = sum(self._timed_by_kind.values())
+        if timed and self._timed_flops_known:
+            mean = self._timed_flops / timed
+            return int(mean) if mean == int(mean) else mean
+        return self.flops_by_kind.get("common")
 
     def on_train_start(self, trainer, pl_module) -> None:
         device = trainer.strategy.root_device
@@ -65,37 +106,84 @@ class ThroughputMonitor(Callback):
         self.peak_flops, self.peak_key, self.peak_source = device_peak_flops(
             device, precision, self.peak_tflops
         )
+        if float(getattr(pl_module, "r1_gamma", 0.0) or 0.0) > 0:
+            self.r1_interval = int(getattr(pl_module, "r1_interval", 1) or 1)
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
-        if self.count_flops and self.flops_per_iteration is None and self._seen == self.count_at:
-            self._counting = FlopCounting()
-            self._counting.start()
+        self._kind = iteration_kind(pl_module)
+        self._counted_now = False
+        if self.count_flops and self._kind not in self.flops_by_kind and self._due(pl_module):
+            self._count_next_training_step(pl_module, self._kind)
+
+    def _due(self, pl_module) -> bool:
+        """Count the common iteration at the last warm-up one; an R1 iteration from there on, or earlier in the
+        warm-up (iteration 0 of a fresh run) when no network is compiled: counting runs the step eagerly, which
+        with compiled networks would push their compilation into the timed iterations."""
+        if self._seen >= self.count_at:
+            return True
+        return self._kind != "common" and not _has_compiled(pl_module)
+
+    def _count_next_training_step(self, pl_module, kind: str) -> None:
+        """Count the FLOPs of this iteration's `training_step` only: the module's method is wrapped for one call
+        (Lightning looks it up on the instance at each step), so hooks of other callbacks (a sample grid, an FID
+        evaluation at the end of the batch) are not in the count."""
+        step = pl_module.training_step
+
+        def counted_training_step(*args, **kwargs):
+            self._unwrap()
+            counting = FlopCounting()
+            counting.start()
+            try:
+                out = step(*args, **kwargs)
+            except BaseException:
+                counting.stop()
+                raise
+            self.flops_by_kind[kind] = counting.stop()
+            self.flops_counted_at[kind] = self._seen
+            self._counted_now = True
+            return out
+
+        pl_module.training_step = counted_training_step
+        self._wrapped = pl_module
+
+    def _unwrap(self) -> None:
+        if self._wrapped is not None and "training_step" in vars(self._wrapped):
+            del self._wrapped.training_step
+        self._wrapped = None
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
-        if self._counting is not None:
-            self.flops_per_iteration = self._counting.stop()
-            self._counting = None
+        self._unwrap()  # a step that did not run (skipped batch) leaves no wrapper behind
         now = time.perf_counter()
         index = self._seen
         self._seen += 1
         self.images_per_iteration = int(getattr(pl_module, "images_per_iteration", 0) or 0)
-        if self._last_end is not None and index >= self.warmup_steps:
+        # A counted iteration ran under the FLOP counter (slower): it is never timed.
+        if self._last_end is not None and index >= self.warmup_steps and not self._counted_now:
             dt = now - self._last_end
-            self._window.append(dt)
+            flops = self.flops_by_kind.get(self._kind)
+            self._window.append((dt, flops))
             if len(self.step_times) < 100_000:
                 self.step_times.append(dt)
+            self._timed_seconds += dt
+            self._timed_by_kind[self._kind] = self._timed_by_kind.get(self._kind, 0) + 1
+            if flops is None:
+                self._timed_flops_known = False
+            else:
+                self._timed_flops += flops
         self._last_end = now
         iteration = int(getattr(pl_module, "iteration", index + 1))
         if iteration % self.every_n_steps == 0 and self._window:
-            metrics = self._metrics(sum(self._window) / len(self._window), trainer.strategy.root_device)
+            metrics = self._metrics(self._window, trainer.strategy.root_device)
             self._window = []
             for logger in trainer.loggers:
                 logger.log_metrics(metrics, step=iteration)
 
-    def _metrics(self, step_s: float, device: torch.device) -> dict[str, float]:
+    def _metrics(self, window: list[tuple[float, int | None]], device: torch.device) -> dict[str, float]:
+        seconds = sum(dt for dt, _ in window)
+        step_s = seconds / len(window)
         metrics = {"perf/img_per_s_avg": self.images_per_iteration / step_s, "perf/step_ms": 1000 * step_s}
-        if self.flops_per_iteration:
-            achieved = self.flops_per_iteration / step_s
+        if self.count_flops and all(flops for _, flops in window):
+            achieved = sum(flops for _, flops in window) / seconds
             metrics["perf/tflops"] = achieved / TFLOPS
             if self.peak_flops:
                 metrics["perf/mfu"] = achieved / self.peak_flops
@@ -104,9 +192,7 @@ class ThroughputMonitor(Callback):
         return metrics
 
     def on_train_end(self, trainer, pl_module) -> None:
-        if self._counting is not None:  # training ended inside the counted iteration
-            self._counting.stop()
-            self._counting = None
+        self._unwrap()
         device = trainer.strategy.root_device
         times = self.step_times
         summary: dict[str, Any] = {
@@ -116,7 +202,14 @@ class ThroughputMonitor(Callback):
             "warmup_steps": self.warmup_steps,
             "images_per_iteration": self.images_per_iteration,
             "flops_per_iteration": self.flops_per_iteration,
-            "flops_counted_at_iteration": self.count_at,
+            "flops_counted_at_iteration": self.flops_counted_at.get("common"),
+            "flops_by_iteration_kind": {
+                kind: {"flops": flops, "counted_at_iteration": self.flops_counted_at[kind]}
+                for kind, flops in self.flops_by_kind.items()
+            },
+            "timed_iterations_by_kind": dict(self._timed_by_kind),
+            "r1_interval": self.r1_interval,
+            "flops_per_iteration_amortised": self._amortised(),
             "peak_tflops": self.peak_flops / TFLOPS if self.peak_flops else None,
             "peak_precision": self.peak_key,
             "peak_source": self.peak_source,
@@ -137,8 +230,8 @@ class ThroughputMonitor(Callback):
                     "from_mean_step": self.images_per_iteration / mean,
                 },
             )
-            if self.flops_per_iteration:
-                achieved = self.flops_per_iteration / mean
+            if self.flops_per_iteration and self._timed_flops_known:
+                achieved = self._timed_flops / self._timed_seconds
                 summary["achieved_tflops"] = achieved / TFLOPS
                 summary["mfu"] = achieved / self.peak_flops if self.peak_flops else None
                 if summary["mfu"] and summary["mfu"] > 1.0:
@@ -152,7 +245,7 @@ class ThroughputMonitor(Callback):
         if trainer.is_global_zero:
             self.dirpath.mkdir(parents=True, exist_ok=True)
             (self.dirpath / "throughput.json").write_text(json.dumps(summary, indent=2))
-            if times and self.flops_per_iteration:
+            if summary.get("achieved_tflops"):
                 log.info(
                     "Throughput: %.1f img/s, %.3f TFLOP/s, MFU %s against %s",
                     summary["img_per_s"]["from_mean_step"],
@@ -160,3 +253,12 @@ class ThroughputMonitor(Callback):
                     f"{100 * summary['mfu']:.1f}%" if summary.get("mfu") else "n/a",
                     self.peak_source,
                 )
+
+    def _amortised(self) -> float | None:
+        """Long-run mean FLOPs per iteration with lazy R1 (one R1 iteration in every r1_interval), when both kinds
+        were counted; the common count without lazy R1."""
+        common = self.flops_by_kind.get("common")
+        if common is None or not self.r1_interval or self.r1_interval < 2:
+            return common
+        r1 = self.flops_by_kind.get("r1")
+        return None if r1 is None else common + (r1 - common) / self.r1_interval
