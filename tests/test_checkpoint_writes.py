@@ -58,3 +58,18 @@ def test_full_disk_or_read_only_dir_stops_with_one_paragraph(
     assert "Traceback" not in message
     assert sorted(p.name for p in ckpt_dir.iterdir()) == ["last.ckpt", "step_0000002.ckpt"]  # no partial left
     assert torch.load(ckpt_dir / "last.ckpt", weights_only=True)["pixelsmith"]["iteration"] == 2
+
+
+class _NotATensor:
+    """Stands for anything a foreign checkpoint pickles besides tensors and plain containers."""
+
+
+def test_resume_refuses_a_checkpoint_that_needs_full_unpickling(make_cfg, tmp_path, caplog):
+    foreign = tmp_path / "foreign.ckpt"
+    torch.save({"state_dict": {}, "trainer": _NotATensor()}, foreign)
+    cfg = make_cfg("max_steps=2", f"ckpt_path={foreign}")
+    with caplog.at_level(logging.ERROR, logger="pixelsmith"), pytest.raises(SystemExit):
+        guarded_run(run, cfg, objective="loss/G")
+    message = caplog.records[-1].getMessage()
+    assert "weights_only=True" in message and str(foreign) in message and "last.ckpt" in message
+    assert not (tmp_path / "run" / "checkpoints").exists()  # nothing trained, nothing written

@@ -164,6 +164,17 @@ def _check_resume_path(ckpt_path: str | None) -> str | None:
             f"ckpt_path={ckpt_path!r} does not exist. Resume from a run's checkpoints/last.ckpt (or a step_*.ckpt), "
             "e.g. ckpt_path=outputs/train/runs/<date>/checkpoints/last.ckpt."
         )
+    try:
+        # Pixelsmith checkpoints hold tensors and plain containers only; anything else needs full unpickling, which
+        # can run code, so it is refused here rather than loaded silently with weights_only=False.
+        torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+    except Exception as err:
+        raise PixelsmithError(
+            f"ckpt_path={ckpt_path!r} does not load as a Pixelsmith checkpoint with torch.load(weights_only=True) "
+            f"({type(err).__name__}: {str(err).splitlines()[0][:200] if str(err) else ''}). Resume from a "
+            "checkpoint written by train.py (a run's checkpoints/last.ckpt or step_*.ckpt); a checkpoint from "
+            "another project needs converting to a plain state dict first."
+        ) from err
     return str(path)
 
 
@@ -217,7 +228,7 @@ def _fit(cfg: DictConfig) -> dict[str, Any]:
             cfg.accumulate,
             output_dir,
         )
-    trainer.fit(model, datamodule=datamodule, ckpt_path=ckpt_path)
+    trainer.fit(model, datamodule=datamodule, ckpt_path=ckpt_path, weights_only=True)
     metrics = {
         k: float(v) for k, v in trainer.callback_metrics.items() if torch.is_tensor(v) and v.numel() == 1
     }

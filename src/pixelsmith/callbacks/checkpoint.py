@@ -57,7 +57,9 @@ class IterationCheckpoint(Callback):
         tmp = self.dirpath / f".step_{iteration:07d}.ckpt.partial"
         try:
             self.dirpath.mkdir(parents=True, exist_ok=True)
-            trainer.save_checkpoint(tmp)  # every rank takes part; rank 0 writes; ends in a barrier
+            # The full training state (optimizers, schedulers, callbacks), said explicitly so Lightning does not log
+            # a default on every save. Every rank takes part; rank 0 writes; it ends in a barrier.
+            trainer.save_checkpoint(tmp, weights_only=False)
             if trainer.is_global_zero:
                 self._publish(tmp, iteration, periodic)
         except OSError as err:

@@ -198,7 +198,7 @@ class GANEvaluation(Callback):
         directory = self.output_dir / "checkpoints"
         directory.mkdir(parents=True, exist_ok=True)
         tmp = directory / ".best.ckpt.partial"
-        trainer.save_checkpoint(tmp)
+        trainer.save_checkpoint(tmp, weights_only=False)
         if trainer.is_global_zero:
             os.replace(tmp, directory / "best.ckpt")
 
