@@ -27,6 +27,7 @@ FAST = [
     "data.limit=256",
     "data.batch_size=16",
     "eval.every_n_steps=0",  # tests that check evaluation turn it on
+    "train.time_budget_minutes=null",  # a loaded CI machine must not end a test's run early (tests of it set it)
 ]
 # Narrow networks per model so a test trains in seconds.
 SMALL = {

@@ -21,6 +21,7 @@ from lightning.pytorch.callbacks import ProgressBar
 from omegaconf import DictConfig, OmegaConf
 
 from pixelsmith.config.schema import ScheduleConfig
+from pixelsmith.core.budget import TimeBudget
 from pixelsmith.core.fsdp import MultiNetworkFSDPStrategy
 from pixelsmith.core.module import CoreSettings
 from pixelsmith.core.strategy import MultiNetworkDDPStrategy
@@ -38,6 +39,11 @@ def build_plan(cfg: DictConfig) -> RuntimePlan:
         raise PixelsmithError(f"max_steps={cfg.max_steps} must be at least 1.")
     if cfg.accumulate < 1:
         raise PixelsmithError(f"accumulate={cfg.accumulate} must be at least 1 (1 = no accumulation).")
+    budget = cfg.train.get("time_budget_minutes")
+    if budget is not None and budget <= 0:
+        raise PixelsmithError(
+            f"train.time_budget_minutes={budget} must be positive; null trains all max_steps iterations."
+        )
     return resolve_plan(
         cfg.hardware, cfg.precision.name, cfg.strategy.name, cfg.strategy.process_group_backend
     )
@@ -61,6 +67,8 @@ def build_core_settings(cfg: DictConfig, plan: RuntimePlan) -> CoreSettings:
         log_every_n_steps=cfg.train.log_every_n_steps,
         optimizer_impl=resolve_switches(cfg.hardware, plan).optimizer_impl,
         run_config=run_config,
+        # The clock starts here: set-up and the evaluations during training count, the final ones come after.
+        time_budget=TimeBudget(cfg.train.get("time_budget_minutes")),
     )
 
 
@@ -189,7 +197,7 @@ def _quiet_library_logging() -> None:
 
 
 def run(cfg: DictConfig) -> dict[str, Any]:
-    """Fit one run; returns the final logged metrics (floats) for sweepers and tests."""
+    """Fit one run; returns the final logged metrics (floats, and `stop_reason`) for sweepers and tests."""
     threads = torch.get_num_threads()
     try:
         return _fit(cfg)
@@ -228,11 +236,25 @@ def _fit(cfg: DictConfig) -> dict[str, Any]:
             cfg.accumulate,
             output_dir,
         )
+        if core.time_budget.enabled:
+            log.info(
+                "Time budget: training ends at max_steps=%d or at the first iteration past %g min, whichever "
+                "comes first (train.time_budget_minutes; null for no budget).",
+                cfg.max_steps,
+                core.time_budget.minutes,
+            )
     trainer.fit(model, datamodule=datamodule, ckpt_path=ckpt_path, weights_only=True)
     metrics = {
         k: float(v) for k, v in trainer.callback_metrics.items() if torch.is_tensor(v) and v.numel() == 1
     }
     metrics["iteration"] = float(model.iteration)
+    budget = core.time_budget
+    # Why training ended, next to how far it got: "max_steps" or "time_budget" (train.time_budget_minutes).
+    metrics["stop_reason"] = "time_budget" if budget.stopped_at_iteration is not None else "max_steps"
+    if budget.enabled:
+        metrics["train/time_budget_minutes"] = float(budget.minutes)
+    if budget.elapsed_at_stop_s is not None:
+        metrics["train/minutes_at_stop"] = budget.elapsed_at_stop_s / 60.0
     for callback in trainer.callbacks:
         # Callbacks that log outside Lightning's callback_metrics (GAN evaluation) report their final numbers
         # here, so a sweep can optimise e.g. `objective=eval/best_fid`.

@@ -235,6 +235,9 @@ class TrainLoopConfig:
     checkpoint_every_n_steps: int = 500
     keep_checkpoints: int = 3  # periodic step_*.ckpt files kept besides last.ckpt (0 keeps none)
     progress_bar: bool = True
+    # Wall-clock minutes from the start of the run: training also ends at the first iteration past it, and the final
+    # evaluation, samples and checkpoint are of that iteration. None = no budget, always all max_steps.
+    time_budget_minutes: float | None = None
 
 
 @dataclass

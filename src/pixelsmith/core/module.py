@@ -32,6 +32,7 @@ from torch.distributed.fsdp import FSDPModule
 from torch.distributed.tensor import DTensor
 
 from pixelsmith.config.schema import EMAConfig, OptimizerConfig, ScheduleConfig
+from pixelsmith.core.budget import TimeBudget
 from pixelsmith.core.ema import EMA
 from pixelsmith.core.fsdp import MultiNetworkFSDPStrategy
 from pixelsmith.core.precision import MixedPrecision
@@ -64,6 +65,8 @@ class CoreSettings:
         "foreach"  # Adam implementation: fused | foreach | for_loop | auto (hardware.optimizer_impl)
     )
     run_config: dict[str, Any] | None = None  # the resolved run config, stored in every checkpoint
+    # train.time_budget_minutes: training also ends at the first iteration past it (core/budget.py)
+    time_budget: TimeBudget = field(default_factory=TimeBudget)
 
 
 @dataclass
@@ -395,7 +398,7 @@ class TrainingCore(L.LightningModule):
     def end_iteration(
         self, images_this_rank: int, logs: dict[str, torch.Tensor | float] | None = None
     ) -> None:
-        """Advance the counter and schedules, log, and enforce the non-finite guard and `max_steps`."""
+        """Advance the counter and schedules, log, and enforce the non-finite guard, `max_steps` and the time budget."""
         self._images_per_iteration = images_this_rank * self.world_size
         self.images_seen += self._images_per_iteration
         self._sync_buffers()
@@ -412,7 +415,11 @@ class TrainingCore(L.LightningModule):
         self._pending_logs.update(logs)
         if iteration == 1:
             self._last_log_point = (time.perf_counter(), self.images_seen)  # img/s counts from here
-        if iteration % self.core.log_every_n_steps == 0 or iteration >= self.core.max_steps:
+        budget = self.core.time_budget
+        last = iteration >= self.core.max_steps or (
+            budget.enabled and budget.expired(self.world_size, self.world_all_reduce, self.device)
+        )
+        if iteration % self.core.log_every_n_steps == 0 or last:
             # Only on logging iterations: the loggers write nothing in between, and every `self.log` call costs
             # ~0.4 ms of Lightning bookkeeping (docs/performance.md, "Template overhead").
             self._log_iteration(self._pending_logs)
@@ -427,7 +434,19 @@ class TrainingCore(L.LightningModule):
                 "precision=32-true to rule out overflow, or a look at the data for NaNs. The limit is "
                 "train.nonfinite_max_consecutive."
             )
-        if self.iteration >= self.core.max_steps:
+        if last:
+            if iteration < self.core.max_steps:
+                budget.stop(iteration)
+                log.info(
+                    "Time budget reached at iteration %d of max_steps=%d (%.2f min since the run started, "
+                    "train.time_budget_minutes=%g): training stops here; the final evaluation, samples and "
+                    "checkpoint are of iteration %d. Resume from checkpoints/last.ckpt to train further.",
+                    iteration,
+                    self.core.max_steps,
+                    budget.elapsed_at_stop_s / 60.0,
+                    budget.minutes,
+                    iteration,
+                )
             self.trainer.should_stop = True
 
     # ---- Lightning hooks ----------------------------------------------------------------------------------------

@@ -1,0 +1,62 @@
+"""A wall-clock budget for training (`train.time_budget_minutes`): the work a run does follows what the machine can do.
+
+The clock starts when the run's settings are built (before data, model, Trainer and the iteration-0 evaluation, so
+set-up and periodic evaluations count). `TrainingCore.end_iteration` asks `expired()` once per iteration and ends
+training at the first iteration past the budget, the way it ends at `max_steps`: the callbacks' end-of-training work
+(the final evaluation, sample grid and `last.ckpt`) then runs on that last trained iteration, after the budget. Under
+several processes the ranks agree (one scalar all-reduce per iteration, only when a budget is set), so every rank
+stops at the same iteration. A resumed run gets a fresh budget and continues from the checkpoint's iteration.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+
+def clock() -> float:
+    """Seconds on a monotonic clock; tests replace this function to control time."""
+    return time.monotonic()
+
+
+@dataclass
+class TimeBudget:
+    minutes: float | None = None  # None: no budget, training runs to max_steps
+    # clock() when the budget was made; a run without a budget never reads the clock.
+    started: float | None = None
+    stopped_at_iteration: int | None = None  # set when the budget ended training
+    elapsed_at_stop_s: float | None = None
+
+    def __post_init__(self) -> None:
+        if self.minutes is not None and self.started is None:
+            self.started = clock()
+
+    @property
+    def enabled(self) -> bool:
+        return self.minutes is not None
+
+    def elapsed_s(self) -> float:
+        return clock() - self.started
+
+    def expired(
+        self,
+        world_size: int = 1,
+        all_reduce: Callable[[torch.Tensor], object] | None = None,
+        device: torch.device | str = "cpu",
+    ) -> bool:
+        """True once the budget is spent; with several ranks, True on all of them as soon as it is on one."""
+        if self.minutes is None:
+            return False
+        past = self.elapsed_s() >= self.minutes * 60.0
+        if world_size > 1 and all_reduce is not None:
+            flag = torch.tensor(float(past), device=device)
+            all_reduce(flag)  # a sum: > 0 when any rank is past
+            past = bool(flag.item() > 0)
+        return past
+
+    def stop(self, iteration: int) -> None:
+        self.stopped_at_iteration = iteration
+        self.elapsed_at_stop_s = self.elapsed_s()
