@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import random
 import subprocess
 import sys
 from pathlib import Path
@@ -65,7 +66,10 @@ def make_cfg(tmp_path):
 
 def run_cli(args: list[str], cwd: Path = REPO_ROOT, timeout: int = 600, env_extra: dict | None = None):
     """Run an entry point the way a user does; returns the CompletedProcess (stdout+stderr merged)."""
-    env = {**os.environ, "HYDRA_FULL_ERROR": "0", **(env_extra or {})}
+    # A DDP rendezvous port below Linux's ephemeral range (32768-60999): Lightning's default pick is a port that was
+    # free a moment ago, and the gloo sockets of the ranks (ephemeral ports) can take it first (EADDRINUSE flakes).
+    port = {"MASTER_PORT": str(random.randint(20000, 29999))} if "MASTER_PORT" not in os.environ else {}
+    env = {**os.environ, "HYDRA_FULL_ERROR": "0", **port, **(env_extra or {})}
     return subprocess.run(
         [sys.executable, *args],
         cwd=cwd,
