@@ -68,7 +68,9 @@ def run_cli(args: list[str], cwd: Path = REPO_ROOT, timeout: int = 600, env_extr
     """Run an entry point the way a user does; returns the CompletedProcess (stdout+stderr merged)."""
     # A DDP rendezvous port below Linux's ephemeral range (32768-60999): Lightning's default pick is a port that was
     # free a moment ago, and the gloo sockets of the ranks (ephemeral ports) can take it first (EADDRINUSE flakes).
-    port = {"MASTER_PORT": str(random.randint(20000, 29999))} if "MASTER_PORT" not in os.environ else {}
+    # Always a fresh one: an in-process run with a DDP/FSDP strategy leaves its MASTER_PORT in os.environ while its
+    # store still listens there.
+    port = {"MASTER_PORT": str(random.randint(20000, 29999))}
     env = {**os.environ, "HYDRA_FULL_ERROR": "0", **port, **(env_extra or {})}
     return subprocess.run(
         [sys.executable, *args],

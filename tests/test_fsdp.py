@@ -14,6 +14,7 @@ CPU convolution kernels (that alone moves weights by 2 x lr after one step).
 from __future__ import annotations
 
 import json
+import random
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
@@ -178,7 +179,7 @@ def test_plain_optimizer_state_of_another_model_is_refused():
         plain_to_fqn_keyed(saved, opt, {id(p): n for n, p in big.named_parameters()})
 
 
-def test_fsdp_shards_every_gan_network_including_stylegan2(make_cfg, tmp_path):
+def test_fsdp_shards_every_gan_network_including_stylegan2(make_cfg, tmp_path, monkeypatch):
     """FSDP2 refuses 0-d parameters (StyleGAN2's noise strengths were scalars); one process shards all the same."""
     from pixelsmith.train import run
 
@@ -189,7 +190,14 @@ def test_fsdp_shards_every_gan_network_including_stylegan2(make_cfg, tmp_path):
         "hardware.channels_last=false",
         model="stylegan2",
     )
-    metrics = run(cfg)
+    monkeypatch.setenv(
+        "MASTER_PORT", str(random.randint(20000, 29999))
+    )  # Lightning writes it into os.environ
+    try:
+        metrics = run(cfg)
+    finally:
+        if torch.distributed.is_initialized():  # the one-process group would keep its port for later tests
+            torch.distributed.destroy_process_group()
     assert metrics["iteration"] == 2 and metrics["loss/r1"] > 0
     state = torch.load(tmp_path / "run" / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=True)
     strengths = [v for k, v in state["state_dict"].items() if k.endswith("noise_strength")]
