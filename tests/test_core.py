@@ -118,9 +118,13 @@ def test_fp16_gradients_match_fp32_in_direction_after_unscaling():
     assert cos > 0.99
 
 
+@pytest.mark.parametrize("impl", ["foreach", "fused"])
 @pytest.mark.parametrize("precision", ["32-true", "16-mixed", "bf16-mixed"])
-def test_a_non_finite_step_is_skipped_counted_and_training_goes_on(precision):
-    module = TinyCore(CoreSettings(precision=precision, max_steps=4), poison={1: math.nan})
+def test_a_non_finite_step_is_skipped_counted_and_training_goes_on(precision, impl):
+    """foreach: the host decides to skip; fused: the skip reaches the kernel as found_inf, on the device."""
+    module = TinyCore(
+        CoreSettings(precision=precision, max_steps=4, optimizer_impl=impl), poison={1: math.nan}
+    )
     _fit(module)
     assert module.iteration == 4
     assert module.nonfinite_skipped == 1
@@ -138,11 +142,39 @@ def test_nan_gradients_with_a_finite_loss_stop_the_run_in_every_precision(precis
         CoreSettings(precision=precision, max_steps=50, nonfinite_max_consecutive=3),
         grad_poison=set(range(2, 100)),
     )
-    with pytest.raises(NonFiniteError, match="3 consecutive steps of optimizer net"):
+    with pytest.raises(NonFiniteError, match="3 consecutive steps of optimizer net") as err:
         _fit(module)
-    assert module.iteration == 5  # iterations 2, 3, 4 skipped; the check after the third stops
+    # foreach Adam: the host already waited for each skip decision, so the guard is read every iteration and
+    # stops right after the third skip (iterations 2, 3, 4).
+    assert module.iteration == 5 and "the last at iteration 4" in str(err.value)
     skipped = module.amp_overflow_skipped if precision == "16-mixed" else module.nonfinite_skipped
     assert skipped == 3
+
+
+@pytest.mark.parametrize("precision", ["32-true", "16-mixed"])
+def test_fused_steps_keep_the_guard_on_the_device_and_stop_at_the_next_logging_iteration(precision):
+    """Fused Adam: skipped steps leave the weights bit-identical, the counters and the streak live on the device
+    and are read at logging iterations only; the stop names the iteration where the streak reached the limit."""
+    module = TinyCore(
+        CoreSettings(
+            precision=precision,
+            max_steps=50,
+            nonfinite_max_consecutive=3,
+            optimizer_impl="fused",
+            log_every_n_steps=4,
+        ),
+        grad_poison=set(range(2, 100)),
+    )
+    with pytest.raises(NonFiniteError, match="3 consecutive steps of optimizer net") as err:
+        _fit(module)
+    assert module.iteration == 8  # the trip (after iteration 4) is read at the next logging iteration
+    assert "the last at iteration 4" in str(err.value)
+    skipped = module.amp_overflow_skipped if precision == "16-mixed" else module.nonfinite_skipped
+    assert skipped == 6  # iterations 2..7
+    for before in module.weights_before[3:]:
+        assert torch.equal(before, module.weights_before[2])  # no skipped step moved a weight
+    state = module._raw_optimizer("net").state[module.net.weight]
+    assert int(state["step"]) == 2  # the fused kernel took back its step-count increment on every skip
 
 
 class TwoOptimizerCore(TinyCore):
@@ -169,8 +201,11 @@ class TwoOptimizerCore(TinyCore):
         super().training_step(batch, batch_idx)  # "net" steps fine every iteration
 
 
-def test_an_optimizer_that_never_steps_stops_the_run_while_another_one_does():
-    module = TwoOptimizerCore(CoreSettings(max_steps=50, nonfinite_max_consecutive=4))
+@pytest.mark.parametrize("impl", ["foreach", "fused"])
+def test_an_optimizer_that_never_steps_stops_the_run_while_another_one_does(impl):
+    module = TwoOptimizerCore(
+        CoreSettings(max_steps=50, nonfinite_max_consecutive=4, optimizer_impl=impl, log_every_n_steps=4)
+    )
     with pytest.raises(NonFiniteError, match="4 consecutive steps of optimizer other"):
         _fit(module)
     assert module.iteration == 4

@@ -214,3 +214,32 @@ def test_gpu_memory_is_released_after_a_run(tmp_path):
     leftover = torch.cuda.memory_allocated() - baseline
     assert peak < 8 * 2**30, f"peak {peak / 2**30:.1f} GiB for a 32 px DCGAN"
     assert leftover < 64 * 2**20, f"{leftover / 2**20:.0f} MiB still allocated after the run"
+
+
+SYNC_FREE_CASES = {
+    "auto": ["hardware=auto"],
+    "auto-16-mixed": ["hardware=auto", "precision=16-mixed"],
+    "stylegan2-ada-r1": [*SMALL["stylegan2"], "hardware=auto", "augment=ada", "augment.initial_p=0.5"],
+    "style_fast": [*STYLE_CASES["style_fast"], *OFFLINE_STYLE],
+}
+
+
+@pytest.mark.parametrize("case", list(SYNC_FREE_CASES))
+def test_iterations_that_log_nothing_never_synchronise(case, tmp_path, monkeypatch):
+    """`torch.cuda.set_sync_debug_mode("error")` (train.host_sync_check=error) on every iteration that logs nothing,
+    with the profile's compile, fused Adam, EMA, lazy R1 (every 2nd iteration) through ADA and the schedule."""
+    if ON_CPU:  # the GPU code path of ADA (no row selection by nonzero())
+        from pixelsmith.augment import ada
+
+        monkeypatch.setattr(ada, "_warp_selected_rows_only", lambda device: False)
+    cfg = _config(SYNC_FREE_CASES[case], tmp_path / "run")
+    cfg.max_steps = 9
+    cfg.train.log_every_n_steps = 4
+    cfg.train.host_sync_check = "error"
+    cfg.train.clip_grad_norm = 1.0
+    cfg.eval.every_n_steps = 0
+    if cfg.model.get("r1_gamma") is not None:
+        cfg.model.r1_gamma = cfg.model.r1_gamma or 0.1
+        cfg.model.r1_interval = 2
+    metrics = run(cfg)  # raises HostSyncError / CUDA's sync error at the first synchronising call
+    assert metrics["iteration"] == 9

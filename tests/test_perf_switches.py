@@ -165,12 +165,14 @@ def test_memory_fraction_and_allocator_settings_reach_cuda(make_cfg, monkeypatch
 
 
 def test_loader_switches_reach_the_dataloader(make_cfg):
-    cfg = make_cfg("data.num_workers=2", "data.prefetch_factor=4", "data.persistent_workers=true")
+    cfg = make_cfg(
+        "data.num_workers=2", "data.prefetch_factor=4", "data.persistent_workers=true", "data.on_device=false"
+    )
     loader = build_datamodule(cfg, build_plan(cfg))
     loader.setup("fit")
     dl = loader.train_dataloader()
     assert (dl.num_workers, dl.prefetch_factor, dl.persistent_workers) == (2, 4, True)
-    cfg = make_cfg("data.num_workers=0", "data.prefetch_factor=4")
+    cfg = make_cfg("data.num_workers=0", "data.prefetch_factor=4", "data.on_device=false")
     dm = build_datamodule(cfg, build_plan(cfg))
     dm.setup("fit")
     dl = dm.train_dataloader()

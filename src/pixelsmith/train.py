@@ -20,7 +20,9 @@ from hydra.utils import instantiate
 from lightning.pytorch.callbacks import ProgressBar
 from omegaconf import DictConfig, OmegaConf
 
+from pixelsmith.callbacks.host_sync import HostSyncCheck
 from pixelsmith.config.schema import ScheduleConfig
+from pixelsmith.config.validate import validate_config
 from pixelsmith.core.budget import TimeBudget
 from pixelsmith.core.fsdp import MultiNetworkFSDPStrategy
 from pixelsmith.core.module import CoreSettings
@@ -154,6 +156,9 @@ def _instantiate_group(node: DictConfig | None) -> list:
 
 def build_trainer(cfg: DictConfig, plan: RuntimePlan) -> L.Trainer:
     callbacks = _instantiate_group(cfg.get("callbacks")) + build_perf_callbacks(cfg)
+    if cfg.train.get("host_sync_check", "off") != "off":
+        # First, so its window closes before the sample/evaluation/checkpoint callbacks read the device.
+        callbacks.insert(0, HostSyncCheck(cfg.train.host_sync_check))
     if not cfg.train.progress_bar:
         callbacks = [c for c in callbacks if not isinstance(c, ProgressBar)]
     return L.Trainer(
@@ -222,6 +227,7 @@ def run(cfg: DictConfig) -> dict[str, Any]:
 
 def _fit(cfg: DictConfig) -> dict[str, Any]:
     _quiet_library_logging()
+    validate_config(cfg)  # ranges, before anything is written
     plan = build_plan(cfg)
     ckpt_path = _check_resume_path(cfg.get("ckpt_path"))
     apply_backend_settings(plan)

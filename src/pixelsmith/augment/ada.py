@@ -49,8 +49,10 @@ class AdaptiveAugment(GANAugment):
 
     The sign statistics are summed over ranks every iteration (a 2-element all-reduce), so the buffers hold
     global totals that are identical on every rank: a checkpoint written by rank 0 is complete, and a DDP-style
-    broadcast of buffers from rank 0 cannot overwrite other ranks' unreduced counts. Python mirrors of p and the
-    counters keep `forward`, `update` and `stats` free of host-device synchronisation except at each adjustment.
+    broadcast of buffers from rank 0 cannot overwrite other ranks' unreduced counts. p is adjusted on the device,
+    so `forward` and `update` never make the host wait; the host keeps only the iteration and image counters and an
+    upper bound on p (each adjustment moves p by at most images / (speed_kimg * 1000)) that lets p=0 skip all work.
+    `stats()` and `probability` read the device (logging iterations only) and tighten that bound to p itself.
     The float buffers stay float32 even if the owning module is cast to bf16/fp16 (steps of ~1e-4 would vanish).
     """
 
@@ -122,7 +124,7 @@ class AdaptiveAugment(GANAugment):
 
     def extra_repr(self) -> str:
         return (
-            f"p={self._p:.4f}, target={self.target}, interval={self.interval}, speed_kimg={self.speed_kimg}, "
+            f"p={float(self.p):.4f}, target={self.target}, interval={self.interval}, speed_kimg={self.speed_kimg}, "
             f"max_p={self.max_p}, xflip={self.xflip}, rotate90={self.rotate90}, translate={self.translate}, "
             f"scale_std={self.scale_std}, rotate_max_deg={self.rotate_max_deg}, brightness={self.brightness}, "
             f"contrast={self.contrast}, saturation={self.saturation}, hue={self.hue}"
@@ -131,11 +133,13 @@ class AdaptiveAugment(GANAugment):
     # ---- adaptation --------------------------------------------------------------------------------------------
     @property
     def probability(self) -> float:
-        return self._p
+        """The current p (reads the device)."""
+        self._p_bound = float(self.p)
+        return self._p_bound
 
     def stats(self) -> dict[str, float]:
-        """{"p": current p, "rt": r_t of the last adjustment (nan before the first)}."""
-        return {"p": self._p, "rt": self._last_rt}
+        """{"p": current p, "rt": r_t of the last adjustment (nan before the first)}; reads the device."""
+        return {"p": self.probability, "rt": float(self.last_rt)}
 
     def observe_real_logits(self, logits: Tensor) -> None:
         signs = torch.sign(logits.detach().float())
@@ -161,24 +165,21 @@ class AdaptiveAugment(GANAugment):
         self.iterations_since_adjust.fill_(self._iterations_since_adjust)
 
     def _adjust(self) -> None:
-        # The one host-device synchronisation, once every `interval` iterations.
-        sign_sum, count = self.sign_stats.tolist()
-        if count > 0:  # nothing observed (e.g. update() without observe_real_logits()): keep p
-            rt = sign_sum / count
-            direction = (rt > self.target) - (rt < self.target)
-            new_p = self._p + direction * self._images_since_adjust / (self.speed_kimg * 1000.0)
-            new_p = min(max(new_p, 0.0), self.max_p)
-            self.p.fill_(new_p)
-            self.last_rt.fill_(rt)
-            # Mirror the float32 values the buffers now hold, so a run restored from them continues identically.
-            self._p, self._last_rt = _float32(new_p), _float32(rt)
+        # On the device: the host never waits for r_t (a lazy host read here cost one sync per `interval`).
+        sign_sum, count = self.sign_stats.unbind()
+        observed = count > 0  # nothing observed (e.g. update() without observe_real_logits()): keep p
+        rt = sign_sum / count.clamp(min=1.0)
+        largest_step = self._images_since_adjust / (self.speed_kimg * 1000.0)
+        new_p = (self.p + torch.sign(rt - self.target) * largest_step).clamp(0.0, self.max_p)
+        self.p.copy_(torch.where(observed, new_p, self.p))
+        self.last_rt.copy_(torch.where(observed, rt, self.last_rt))
+        self._p_bound = min(self._p_bound + largest_step, self.max_p)
         self.sign_stats.zero_()
         self._images_since_adjust = 0
         self._iterations_since_adjust = 0
 
     def _sync_mirrors_from_buffers(self) -> None:
-        self._p = float(self.p)
-        self._last_rt = float(self.last_rt)
+        self._p_bound = float(self.p)
         self._images_since_adjust = int(self.images_since_adjust)
         self._iterations_since_adjust = int(self.iterations_since_adjust)
 
@@ -195,9 +196,9 @@ class AdaptiveAugment(GANAugment):
 
     # ---- augmentation ------------------------------------------------------------------------------------------
     def _augment(self, images: Tensor) -> Tensor:
-        p = self._p
-        if p <= 0.0:
+        if self._p_bound <= 0.0:  # p is surely 0: no op can be drawn
             return images
+        p = self.p
         geometric = self._geometric_matrices(images, p)
         if geometric is not None:
             matrices, applied = geometric
@@ -319,10 +320,6 @@ def _warp_selected_rows_only(device: torch.device) -> bool:
 def _refresh_mirrors_after_load(module: torch.nn.Module, incompatible_keys: Any) -> None:
     module._sync_mirrors_from_buffers()
     module._pending_signs = None
-
-
-def _float32(value: float) -> float:
-    return float(torch.tensor(value, dtype=torch.float32))
 
 
 def _warp(images: Tensor, matrices: Tensor) -> Tensor:

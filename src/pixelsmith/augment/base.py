@@ -62,7 +62,7 @@ class GANAugment(nn.Module):
         return 1.0
 
     def stats(self) -> dict[str, float]:
-        """Python floats for logging; never synchronises with the device."""
+        """Python floats for logging; may read the device, so the GAN module calls it at logging iterations only."""
         return {"p": self.probability}
 
 

@@ -20,6 +20,7 @@ PRECISIONS = ("32-true", "16-mixed", "bf16-mixed")
 STRATEGIES = ("auto", "ddp", "fsdp")
 SCHEDULES = ("constant", "warmup_cosine")
 GAN_LOSSES = ("non_saturating", "hinge")
+HOST_SYNC_MODES = ("off", "warn", "error")  # train.host_sync_check (callbacks/host_sync.py)
 
 
 @dataclass
@@ -75,6 +76,8 @@ class DataConfig:
     on_corrupt: str = "skip"  # skip (warn and count) | error
     limit: int | None = None  # use only the first N items (debugging)
     resize_shorter: int | None = None  # style content: shorter side before the random crop; None = resolution
+    # in-memory datasets (MNIST): keep the images on the training device and slice batches there (data/on_device.py)
+    on_device: bool = False
 
 
 @dataclass
@@ -238,6 +241,9 @@ class TrainLoopConfig:
     # Wall-clock minutes from the start of the run: training also ends at the first iteration past it, and the final
     # evaluation, samples and checkpoint are of that iteration. None = no budget, always all max_steps.
     time_budget_minutes: float | None = None
+    # off | warn | error: iterations that log nothing must not make the host wait for the device
+    # (callbacks/host_sync.py; CUDA's sync debug mode on a GPU, a count of syncing ops everywhere)
+    host_sync_check: str = "off"
 
 
 @dataclass

@@ -19,6 +19,7 @@ channels_last and compile) and `training_step`, in which it calls `self.loss_bac
 from __future__ import annotations
 
 import logging
+import random
 import time
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager, nullcontext
@@ -91,10 +92,16 @@ class TrainingCore(L.LightningModule):
             raise ValueError(f"accumulate={core.accumulate} must be at least 1.")
         self.core = core
         self.iteration = 0
-        self.nonfinite_skipped = 0
-        self.amp_overflow_skipped = 0
-        # Consecutive skipped steps per optimizer: a D that never steps while G does must still stop the run.
-        self._nonfinite_streaks: dict[str, int] = {}
+        # The non-finite guard's device state (`_guard_state`): counters, consecutive skips per optimizer (a D that
+        # never steps while G does must still stop the run) and the trip point; filled lazily on the device.
+        self._guard: dict[str, torch.Tensor] | None = None
+        self._guard_names: list[str] = []
+        self._guard_from_host: dict[str, Any] | None = (
+            None  # from a checkpoint, until the device state exists
+        )
+        self._guard_reported = 0  # skipped steps already warned about
+        self._guard_checked_at = 0  # the iteration of the last check
+        self._host_synced_this_iteration = False
         self._optimizer_index: dict[str, int] = {}
         self._float_buffers: dict[str, list[torch.Tensor]] = {}
         self._loss_nonfinite: dict[str, torch.Tensor] = {}
@@ -108,6 +115,9 @@ class TrainingCore(L.LightningModule):
         self._last_log_point: tuple[float, int] | None = None  # (perf_counter, images_seen) at the last log
         self._pending_logs: dict[str, Any] = {}  # the step's logs, held until the next logging iteration
         self.grad_allreduce_calls = 0
+        # For host-side draws (crop offsets, indices): reseeded with the torch generators every iteration, and a
+        # Python draw never makes the host wait for the device as `int(torch.randint(...))` on a GPU tensor could.
+        self.host_random = random.Random(core.seed)
 
     # ---- what a subclass provides ------------------------------------------------------------------------------
     def networks(self) -> dict[str, nn.Module]:
@@ -314,8 +324,14 @@ class TrainingCore(L.LightningModule):
             b.copy_(flat[offset : offset + b.numel()].view_as(b))
             offset += b.numel()
 
-    def step(self, name: str) -> bool:
-        """All-reduce, unscale, check, clip and apply optimizer `name`; returns False when the step was skipped."""
+    def step(self, name: str) -> torch.Tensor:
+        """All-reduce, unscale, check, clip and apply optimizer `name`.
+
+        Returns a device bool tensor, True where the step was applied. With fused Adam (every hardware profile) the
+        whole step stays on the device: the skip decision reaches the fused kernel as its `found_inf`, which leaves
+        the weights, moments and step count as they were, and the guard's counters are device tensors read only at
+        logging iterations (`_check_guard`). Other Adam implementations need the host to decide (one sync a step).
+        """
         opt = self._raw_optimizer(name)
         params = [p for p in self._params_of(opt) if p.requires_grad]
         calls = self._backward_calls.pop(name, 0)
@@ -333,51 +349,128 @@ class TrainingCore(L.LightningModule):
         with_grad = [p for p in params if p.grad is not None]
         grads = [p.grad for p in with_grad]
         norm = _global_norm(grads) if grads else torch.zeros((), device=self.device)
-        bad = (loss_flag > 0) | ~torch.isfinite(norm)
+        loss_bad = loss_flag > 0
+        grads_bad = ~torch.isfinite(norm)
+        skip = loss_bad | grads_bad
         if self.core.clip_grad_norm is not None and grads:
             # Unscaled gradients here whatever the precision (Lightning #18089 clips scaled ones). A non-finite
             # norm is replaced so the clip stays finite; that step is skipped below anyway.
             safe_norm = torch.nan_to_num(norm, nan=0.0, posinf=0.0)
             torch.nn.utils.clip_grads_with_norm_(with_grad, self.core.clip_grad_norm, safe_norm)
-        applied = True
-        if scaler is not None:
-            scale_before = scaler.get_scale()
-            if bool(loss_flag > 0):
-                # A non-finite loss is a guard event, not an fp16 overflow: no step, but the scaler's per-step
-                # state must still be closed by update() (it may back off the scale if gradients overflowed).
-                applied = False
-                scaler.update()
-                self._count_nonfinite(name)
-            else:
-                scaler.step(opt)  # skips by itself when the unscaled gradients hold inf/NaN
-                scaler.update()
-                applied = scaler.get_scale() >= scale_before
-                if not applied:
-                    # An occasional fp16 overflow is the scaler doing its job (it halves the scale and retries);
-                    # K in a row means the scale has fallen by 2^K and the gradients are NaN for another reason.
-                    self.amp_overflow_skipped += 1
-                    self._nonfinite_streaks[name] = self._nonfinite_streaks.get(name, 0) + 1
-                else:
-                    self._nonfinite_streaks[name] = 0
-        elif bool(bad):
-            applied = False
-            self._count_nonfinite(name)
-        else:
+        if opt.defaults.get("fused"):
+            # The fused kernel skips the update where found_inf is non-zero and takes back its step-count increment.
+            opt.found_inf = skip.float()
+            opt.grad_scale = None  # the gradients are unscaled already
+            try:
+                opt.step()
+            finally:
+                opt.found_inf = None
+        elif not bool(skip):  # the host decides: the one synchronisation of a non-fused step
             opt.step()
-            self._nonfinite_streaks[name] = 0
+        if scaler is not None:
+            # update() reads the inf checks unscale_ recorded: an fp16 overflow halves the scale, a good step counts
+            # towards growing it. A non-finite loss with finite gradients is a guard event, not an overflow.
+            scaler.update()
+        self._record_guard(name, skip, grads_bad & ~loss_bad if scaler is not None else None)
         opt.zero_grad(set_to_none=True)
         self._last_grad_norm = {**getattr(self, "_last_grad_norm", {}), name: norm.detach()}
-        return applied
+        self._host_synced_this_iteration |= not opt.defaults.get("fused")
+        return ~skip
 
-    def _count_nonfinite(self, name: str) -> None:
-        self.nonfinite_skipped += 1
-        self._nonfinite_streaks[name] = self._nonfinite_streaks.get(name, 0) + 1
-        log.warning(
-            "Iteration %d: non-finite loss or gradients for optimizer %s; step skipped (%d so far, %d in a row).",
-            self.iteration,
-            name,
-            self.nonfinite_skipped,
-            self._nonfinite_streaks[name],
+    # ---- the non-finite guard, on the device -------------------------------------------------------------------
+    def _guard_state(self) -> dict[str, torch.Tensor]:
+        """Device counters: [guard events, fp16 overflows], consecutive skips per optimizer, and the first iteration
+        and optimizer at which a streak reached `nonfinite_max_consecutive` (-1 while none has)."""
+        if self._guard is not None and self._guard["counts"].device != self.device:
+            self._guard = {key: value.to(self.device) for key, value in self._guard.items()}
+        if self._guard is None:
+            state = self._guard_from_host or {}
+            names = list(self._optimizer_index) or list(state.get("streaks", {}))
+            streaks = state.get("streaks", {})
+            self._guard = {
+                "counts": torch.tensor(
+                    [state.get("nonfinite_skipped", 0), state.get("amp_overflow_skipped", 0)],
+                    dtype=torch.long,
+                    device=self.device,
+                ),
+                "streaks": torch.tensor(
+                    [streaks.get(n, 0) for n in names], dtype=torch.long, device=self.device
+                ),
+                "trip": torch.full((2,), -1, dtype=torch.long, device=self.device),
+            }
+            self._guard_names = names
+            self._guard_from_host = None
+        return self._guard
+
+    def _record_guard(self, name: str, skip: torch.Tensor, amp_overflow: torch.Tensor | None) -> None:
+        guard = self._guard_state()
+        index = self._guard_names.index(name)
+        skipped = skip.long()
+        overflow = amp_overflow.long() if amp_overflow is not None else torch.zeros_like(skipped)
+        # An fp16 overflow is the scaler doing its job (it halves the scale and retries); a non-finite loss, or NaN
+        # gradients without a scaler, is a guard event. Both extend the streak: K skips in a row mean the scale has
+        # fallen by 2^K and the gradients are NaN for another reason.
+        guard["counts"] += torch.stack([skipped - overflow, overflow])
+        streak = (guard["streaks"][index] + 1) * skipped
+        guard["streaks"][index] = streak
+        limit = self.core.nonfinite_max_consecutive
+        if limit:
+            trip = guard["trip"]
+            newly = (streak >= limit) & (trip[0] < 0)
+            # Python scalars reach the kernels as arguments: no host-to-device copy (which would wait on CUDA).
+            trip[1] = torch.where(newly, index, trip[1])
+            trip[0] = torch.where(newly, self.iteration, trip[0])
+
+    @property
+    def nonfinite_skipped(self) -> int:
+        """Steps skipped for a non-finite loss (or non-finite gradients without fp16 loss scaling); reads the device."""
+        return int(self._guard_state()["counts"][0])
+
+    @property
+    def amp_overflow_skipped(self) -> int:
+        """Steps the fp16 GradScaler skipped for overflowed gradients; reads the device."""
+        return int(self._guard_state()["counts"][1])
+
+    def _guard_host_state(self) -> dict[str, Any]:
+        guard = self._guard_state()
+        counts = guard["counts"].tolist()
+        return {
+            "nonfinite_skipped": counts[0],
+            "amp_overflow_skipped": counts[1],
+            "streaks": dict(zip(self._guard_names, guard["streaks"].tolist(), strict=True)),
+        }
+
+    def _check_guard(self) -> None:
+        """Read the guard's device state (a synchronisation): warn about steps skipped since the last check, and stop
+        the run if a streak reached the limit. Called at logging iterations, at the last one, and every iteration in
+        which a non-fused optimizer made the host wait anyway."""
+        guard = self._guard_state()
+        counts = guard["counts"].tolist()
+        trip_iteration, trip_index = guard["trip"].tolist()
+        new_skips = sum(counts) - self._guard_reported
+        if new_skips > 0:
+            log.warning(
+                "Iterations %d-%d: %d optimizer step(s) skipped for non-finite losses or gradients (%d so far: %d "
+                "guard events, %d fp16 overflows).",
+                self._guard_checked_at + 1,
+                self.iteration,
+                new_skips,
+                sum(counts),
+                counts[0],
+                counts[1],
+            )
+            self._guard_reported = sum(counts)
+        self._guard_checked_at = self.iteration
+        if trip_iteration < 0:
+            return
+        limit = self.core.nonfinite_max_consecutive
+        worst = self._guard_names[trip_index]
+        raise NonFiniteError(
+            f"Stopped at iteration {self.iteration}: {limit} consecutive steps of optimizer {worst} had non-finite "
+            f"losses or gradients (fp16 overflows included), the last at iteration {trip_iteration}; skipped steps "
+            "leave the weights unchanged. The last checkpoint written before this is intact. Usual fixes: a lower "
+            "learning rate, train.clip_grad_norm=1.0, precision=32-true to rule out overflow, or a look at the data "
+            "for NaNs. The limit is train.nonfinite_max_consecutive."
         )
 
     def world_all_reduce(self, tensor: torch.Tensor) -> torch.Tensor:
@@ -419,21 +512,16 @@ class TrainingCore(L.LightningModule):
         last = iteration >= self.core.max_steps or (
             budget.enabled and budget.expired(self.world_size, self.world_all_reduce, self.device)
         )
-        if iteration % self.core.log_every_n_steps == 0 or last:
+        logging = iteration % self.core.log_every_n_steps == 0
+        if logging or last:
             # Only on logging iterations: the loggers write nothing in between, and every `self.log` call costs
             # ~0.4 ms of Lightning bookkeeping (docs/performance.md, "Template overhead").
             self._log_iteration(self._pending_logs)
             self._pending_logs = {}
-        limit = self.core.nonfinite_max_consecutive
-        worst = max(self._nonfinite_streaks, key=self._nonfinite_streaks.get, default=None)
-        if limit and worst is not None and self._nonfinite_streaks[worst] >= limit:
-            raise NonFiniteError(
-                f"Stopped at iteration {self.iteration}: {self._nonfinite_streaks[worst]} consecutive steps of "
-                f"optimizer {worst} had non-finite losses or gradients (fp16 overflows included). The last checkpoint "
-                "written before this is intact. Usual fixes: a lower learning rate, train.clip_grad_norm=1.0, "
-                "precision=32-true to rule out overflow, or a look at the data for NaNs. The limit is "
-                "train.nonfinite_max_consecutive."
-            )
+        if logging or last or self._host_synced_this_iteration:
+            # Reading the guard makes the host wait for the device: only where the iteration waits anyway.
+            self._check_guard()
+        self._host_synced_this_iteration = False
         if last:
             if iteration < self.core.max_steps:
                 budget.stop(iteration)
@@ -450,8 +538,13 @@ class TrainingCore(L.LightningModule):
             self.trainer.should_stop = True
 
     # ---- Lightning hooks ----------------------------------------------------------------------------------------
+    def logging_values(self) -> dict[str, Any]:
+        """Extra metrics read only at logging iterations, where the host may wait for the device (a subclass's
+        device-side state, e.g. ADA's p). Values given to `end_iteration` are device tensors held until then."""
+        return {}
+
     def _log_iteration(self, logs: dict[str, Any]) -> None:
-        metrics: dict[str, Any] = dict(logs)
+        metrics: dict[str, Any] = {**logs, **self.logging_values()}
         now = time.perf_counter()
         if self._last_log_point is not None:
             # Averaged since the previous logging iteration: a steadier progress bar than one step's rate.
@@ -483,6 +576,7 @@ class TrainingCore(L.LightningModule):
         # The generators a step uses, not torch.manual_seed: on a CUDA wheel that also queues a lazy seed for every
         # CUDA device and captures a Python stack each call (~1 ms, docs/performance.md). Same streams, same results.
         torch.default_generator.manual_seed(seed)
+        self.host_random.seed(seed)
         if self.device.type == "cuda":
             torch.cuda.manual_seed(
                 seed
@@ -492,9 +586,9 @@ class TrainingCore(L.LightningModule):
         checkpoint["pixelsmith"] = {
             "iteration": self.iteration,
             "images_seen": self.images_seen,
-            "nonfinite_skipped": self.nonfinite_skipped,
-            "amp_overflow_skipped": self.amp_overflow_skipped,
-            "nonfinite_streaks": dict(self._nonfinite_streaks),
+            "nonfinite_skipped": (guard := self._guard_host_state())["nonfinite_skipped"],
+            "amp_overflow_skipped": guard["amp_overflow_skipped"],
+            "nonfinite_streaks": guard["streaks"],
             "grad_scaler": self.mixed_precision.state_dict(),
             "precision": self.core.precision,
         }
@@ -509,9 +603,16 @@ class TrainingCore(L.LightningModule):
             )
         self.iteration = int(state["iteration"])
         self.images_seen = int(state["images_seen"])
-        self.nonfinite_skipped = int(state["nonfinite_skipped"])
-        self.amp_overflow_skipped = int(state["amp_overflow_skipped"])
-        self._nonfinite_streaks = {k: int(v) for k, v in state.get("nonfinite_streaks", {}).items()}
+        self._guard_from_host = {
+            "nonfinite_skipped": int(state["nonfinite_skipped"]),
+            "amp_overflow_skipped": int(state["amp_overflow_skipped"]),
+            "streaks": {k: int(v) for k, v in state.get("nonfinite_streaks", {}).items()},
+        }
+        self._guard = None
+        self._guard_reported = (
+            self._guard_from_host["nonfinite_skipped"] + self._guard_from_host["amp_overflow_skipped"]
+        )
+        self._guard_checked_at = self.iteration
         self._pending_precision_state = state.get("grad_scaler") or None
         self._precision = None
 

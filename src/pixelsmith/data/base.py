@@ -4,8 +4,10 @@
 from __future__ import annotations
 
 import lightning as L
+import torch
 from torch.utils.data import DataLoader, Dataset
 
+from pixelsmith.data.on_device import DeviceResidentBatches
 from pixelsmith.data.sampler import IterationSampler
 from pixelsmith.errors import PixelsmithError
 
@@ -27,7 +29,11 @@ def per_rank_batch(global_batch: int, world_size: int, accumulate: int) -> int:
 
 
 class ImageDataModule(L.LightningDataModule):
-    """Subclasses build `self.train_set` in `setup()`; items are uint8 CHW tensors (decoding stays in workers)."""
+    """Subclasses build `self.train_set` in `setup()`; items are uint8 CHW tensors (decoding stays in workers).
+
+    `on_device=True` serves a dataset that holds all its images in one tensor (`train_set.images`, e.g. MNIST's
+    `TensorImageDataset`) from the training device instead of a DataLoader (`data/on_device.py`); other datasets
+    ignore it."""
 
     def __init__(
         self,
@@ -39,6 +45,7 @@ class ImageDataModule(L.LightningDataModule):
         pin_memory: bool = False,
         persistent_workers: bool = True,
         prefetch_factor: int = 2,
+        on_device: bool = False,
     ):
         super().__init__()
         self.batch_size = batch_size
@@ -49,6 +56,7 @@ class ImageDataModule(L.LightningDataModule):
         self.pin_memory = pin_memory
         self.persistent_workers = persistent_workers
         self.prefetch_factor = prefetch_factor
+        self.on_device = on_device
         self.train_set: Dataset | None = None
 
     def _start_iteration(self) -> int:
@@ -56,7 +64,7 @@ class ImageDataModule(L.LightningDataModule):
         module = trainer.lightning_module if trainer is not None else None
         return int(getattr(module, "iteration", 0))
 
-    def train_dataloader(self) -> DataLoader:
+    def train_dataloader(self) -> DataLoader | DeviceResidentBatches:
         assert self.train_set is not None, "setup() must build train_set"
         trainer = self.trainer
         rank = trainer.global_rank if trainer is not None else 0
@@ -66,6 +74,10 @@ class ImageDataModule(L.LightningDataModule):
         sampler = IterationSampler(
             len(self.train_set), batch, self.seed, start, self.max_steps - start, rank=rank, world_size=world
         )
+        images = getattr(self.train_set, "images", None)
+        if self.on_device and isinstance(images, torch.Tensor):
+            device = trainer.strategy.root_device if trainer is not None else images.device
+            return DeviceResidentBatches(images.to(device), sampler)
         workers = self.num_workers
         return DataLoader(
             self.train_set,

@@ -42,7 +42,8 @@ class IterationSampler(Sampler[int]):
         self.world_size = world_size
         self.shuffle = shuffle
 
-    def _permutation(self, epoch: int) -> torch.Tensor:
+    def permutation(self, epoch: int) -> torch.Tensor:
+        """The dataset order of `epoch` (the same on every rank)."""
         if not self.shuffle:
             return torch.arange(self.n)
         return torch.randperm(self.n, generator=torch.Generator().manual_seed(self.seed * 9_973 + epoch))
@@ -55,7 +56,7 @@ class IterationSampler(Sampler[int]):
             for position in range(first, first + self.batch_per_rank):
                 e, k = divmod(position, self.n)
                 if e != epoch:
-                    epoch, perm = e, self._permutation(e)
+                    epoch, perm = e, self.permutation(e)
                 yield int(perm[k])
 
     def __len__(self) -> int:

@@ -26,7 +26,9 @@ def generator_loss(kind: str, fake_logits: torch.Tensor) -> torch.Tensor:
     raise ValueError(f"model.loss={kind!r} is unknown; choose one of {', '.join(GAN_LOSSES)}.")
 
 
-def r1_penalty(real_logits: torch.Tensor, real_images: torch.Tensor, loss_scale: float = 1.0) -> torch.Tensor:
+def r1_penalty(
+    real_logits: torch.Tensor, real_images: torch.Tensor, loss_scale: float | torch.Tensor = 1.0
+) -> torch.Tensor:
     """Mean over the batch of ||dD(x)/dx||^2 at real images (Mescheder et al. 2018), differentiable w.r.t. D.
 
     Under fp16 the logits are multiplied by the GradScaler's scale before autograd.grad so small gradients do not

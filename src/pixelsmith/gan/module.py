@@ -130,8 +130,8 @@ class GANModule(TrainingCore):
 
         # D_reg: lazy R1 on real images (augmented as D sees them).
         if self.r1_gamma > 0 and self.iteration % self.r1_interval == 0:
-            scaler = self.mixed_precision.scaler
-            loss_scale = scaler.get_scale() if scaler is not None else 1.0
+            # The GradScaler's scale as a device tensor (scale() of a one): get_scale() would make the host wait.
+            loss_scale = self.mixed_precision.scale(torch.ones((), device=self.device))
             r1_total = torch.zeros((), device=self.device)
             with self.double_backward(
                 D
@@ -154,7 +154,6 @@ class GANModule(TrainingCore):
             self.augment.update(
                 batch_size * self.world_size, self.world_all_reduce if self.world_size > 1 else None
             )
-            logs.update({f"augment/{k}": torch.tensor(v) for k, v in self.augment.stats().items()})
 
         # G_main: D frozen so G's backward leaves D's gradients untouched (and skips computing them).
         D.requires_grad_(False)
@@ -174,6 +173,12 @@ class GANModule(TrainingCore):
         logs["loss/G"] = loss_g_total
 
         self.end_iteration(batch_size, logs)
+
+    def logging_values(self) -> dict[str, float]:
+        # ADA's p and r_t live on the device; read them only when the iteration logs.
+        if self.augment is None:
+            return {}
+        return {f"augment/{k}": v for k, v in self.augment.stats().items()}
 
     # ---- sampling ----------------------------------------------------------------------------------------------
     @torch.no_grad()

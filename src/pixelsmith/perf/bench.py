@@ -224,8 +224,13 @@ def child_main(spec: dict[str, Any]) -> dict[str, Any]:
         switches = resolve_switches(cfg.hardware, plan)
         apply_switches(switches, plan)
         L.seed_everything(cfg.seed, workers=True, verbose=False)
-        gan = build_plain_gan(cfg, plan, switches.optimizer_impl)
+        graphed = spec["kind"] == "graphed"
+        gan = build_plain_gan(cfg, plan, switches.optimizer_impl, capturable=graphed)
         loader = plain_loader(cfg, plan)
+        if graphed:
+            from pixelsmith.perf.plain_loop import GraphedPlainGAN, endless
+
+            gan = GraphedPlainGAN(gan, next(endless(loader)), capture=torch.cuda.is_available())
         ends, cpu_ends = run_plain(gan, loader, spec["warmup"] + spec["steps"])
         if spec.get("count_flops"):
             result.update(
@@ -335,7 +340,7 @@ def run_matrix(args: argparse.Namespace) -> dict[str, Any]:
     out = Path(args.out or Path("outputs") / "bench" / datetime.now().strftime("%Y-%m-%d_%H-%M-%S_%f"))
     out.mkdir(parents=True, exist_ok=True)
     base = _base_settings(args)
-    kinds = ["template"] + ([] if args.no_plain else ["plain"])
+    kinds = bench_kinds(args)
     flops: dict[str, float] = {}
     load_start = load_average()
     for precision in sorted({c.precision for c in cells}):
@@ -379,6 +384,20 @@ def run_matrix(args: argparse.Namespace) -> dict[str, Any]:
         flush=True,
     )
     return report
+
+
+def bench_kinds(args: argparse.Namespace) -> list[str]:
+    """template, the plain loop, and on a CUDA machine the plain step captured as CUDA graphs (the limit)."""
+    kinds = ["template"] + ([] if args.no_plain else ["plain"])
+    if not args.no_plain and not getattr(args, "no_graph", False) and _cuda_available():
+        kinds.append("graphed")
+    return kinds
+
+
+def _cuda_available() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
 
 
 def _base_settings(args: argparse.Namespace) -> dict[str, Any]:
@@ -446,7 +465,7 @@ def write_report(
         for r in results
         if "flops_per_iteration" in r
     }
-    kinds = ["template"] + ([] if args.no_plain else ["plain"])
+    kinds = bench_kinds(args)
     records = [_cell_record(cell, runs.get(cell.slug, {}), flops.get(cell.slug), args) for cell in cells]
     for cell, record in zip(cells, records, strict=True):
         record.update(flop_details.get(cell.slug, {}))
@@ -494,6 +513,7 @@ def _cell_record(
 ) -> dict[str, Any]:
     template = [r["img_per_s"] for r in runs.get("template", []) if "img_per_s" in r]
     plain = [r["img_per_s"] for r in runs.get("plain", []) if "img_per_s" in r]
+    graphed = [r["img_per_s"] for r in runs.get("graphed", []) if "img_per_s" in r]
 
     def pair_ratios(key: str) -> list[float]:
         return [
@@ -522,6 +542,11 @@ def _cell_record(
         "settings": asdict(cell) | {"resolution": args.resolution, "hardware": args.hardware},
         "template_img_per_s": _stats(template),
         "plain_img_per_s": _stats(plain),
+        # The plain step captured as CUDA graphs (GPU only): how far the template is from the launch-free limit.
+        "graphed_img_per_s": _stats(graphed),
+        "template_vs_graphed": statistics.median(template) / statistics.median(graphed)
+        if template and graphed
+        else None,
         "overhead": _stats(pairs),  # plain / template - 1, per interleaved pair
         "template_img_per_cpu_s": _stats(template_cpu),  # images per CPU-second (all threads)
         "overhead_cpu_time": _stats(pair_ratios("img_per_cpu_s")),  # the same ratio in process CPU time
@@ -579,6 +604,12 @@ def _fmt_stats(stats: dict[str, float] | None, scale: float = 1.0, digits: int =
     )
 
 
+def _fmt_graphed(record: dict[str, Any]) -> str:
+    if not record.get("graphed_img_per_s"):
+        return "n/a (CUDA only)"
+    return f"{_fmt_stats(record['graphed_img_per_s'])} ({record['template_vs_graphed']:.2f}x)"
+
+
 def _fmt_speedup(speed: dict[str, Any] | None) -> str:
     if not speed:
         return "n/a"
@@ -614,10 +645,11 @@ def bench_markdown(report: dict[str, Any]) -> str:
         f"{s['repeats']} repeats, each run in a fresh process. Load average (1/5/15 min) at start "
         f"{m['load_average_start']}, at end {m['load_average_end']}. Medians with (min – max).",
         "",
-        "| cell | template img/s | plain loop img/s | overhead (plain/template - 1) | overhead in CPU time | "
+        "| cell | template img/s | plain loop img/s | CUDA-graph step img/s (template / graph) | "
+        "overhead (plain/template - 1) | overhead in CPU time | "
         "median iteration ms, template / plain (overhead) | best iteration img/s, template / plain | "
         "speedup vs first (median; best iteration) | peak RSS MB | GFLOP/iter | MFU |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for record in report["cells"]:
         speed = report["speedups"].get(record["name"])
@@ -626,6 +658,7 @@ def bench_markdown(report: dict[str, Any]) -> str:
             record["name"],
             _fmt_stats(record["template_img_per_s"]),
             _fmt_stats(record["plain_img_per_s"]),
+            _fmt_graphed(record),
             _fmt_stats(record["overhead"], 100, 1, "%"),
             _fmt_stats(record.get("overhead_cpu_time"), 100, 1, "%"),
             _fmt_median_iteration(record),
@@ -657,7 +690,9 @@ def bench_markdown(report: dict[str, Any]) -> str:
         "time; on a shared machine it absorbs less of other people's load. Median iteration: the median of every "
         "timed iteration of all repeats pooled, template over plain - 1: the overhead figure to quote (a burst of "
         "load moves a few iterations, not the pooled median). Best iteration: the fastest timed iteration over all "
-        "repeats (timeit's rule).",
+        "repeats (timeit's rule). CUDA-graph step: the plain iteration captured once as CUDA graphs (one with "
+        "lazy R1, one without; `perf/plain_loop.py` GraphedPlainGAN) and replayed over a static batch buffer: the "
+        "launch-free limit of this step on this GPU; the ratio is template over graph (the target is >= 0.7).",
         "GFLOP/iter: matmul and convolution FLOPs (forward, backward, R1's double backward) of the plain "
         "iteration, averaged over the timed iterations: lazy R1 iterations (every r1_interval-th) count as often "
         "as they ran; bench.json also holds the iteration without and with R1 and the long-run mean.",
@@ -807,6 +842,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--threads", type=int, default=None, help="torch.set_num_threads in each run")
     parser.add_argument(
         "--no-plain", action="store_true", help="skip the plain-loop runs (no overhead ratio)"
+    )
+    parser.add_argument(
+        "--no-graph",
+        action="store_true",
+        help="skip the CUDA-graph column (the plain step captured as CUDA graphs; runs on CUDA machines only)",
     )
     parser.add_argument(
         "--no-breakdown",

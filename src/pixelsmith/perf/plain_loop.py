@@ -10,7 +10,7 @@ on top of this is what the benchmark's overhead ratio measures.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
 import torch
@@ -22,6 +22,7 @@ from torch.utils.data import DataLoader
 from pixelsmith.core.ema import EMA
 from pixelsmith.core.module import eager
 from pixelsmith.core.precision import AUTOCAST_DTYPES
+from pixelsmith.errors import PixelsmithError
 from pixelsmith.gan.losses import discriminator_loss, generator_loss, r1_penalty
 from pixelsmith.hardware import RuntimePlan
 from pixelsmith.perf.switches import adam_implementation
@@ -58,7 +59,8 @@ class PlainGAN:
             opt.step()
         opt.zero_grad(set_to_none=True)
 
-    def step(self, images: torch.Tensor) -> None:
+    def step(self, images: torch.Tensor, with_r1: bool | None = None) -> None:
+        """One iteration; `with_r1` None runs lazy R1 every `r1_interval` iterations (a captured graph fixes it)."""
         G, D = self.G, self.D
         reals = images.to(self.device, non_blocking=True).float().mul_(1.0 / 127.5).sub_(1.0)
         if self.channels_last:
@@ -72,9 +74,11 @@ class PlainGAN:
             loss_d = discriminator_loss(self.loss_kind, D(reals), D(fake))
         self._backward_step(loss_d, self.opt_d)
 
-        if self.r1_gamma > 0 and self.iteration % self.r1_interval == 0:
+        if with_r1 is None:
+            with_r1 = self.r1_gamma > 0 and self.iteration % self.r1_interval == 0
+        if with_r1:
             real = reals.detach().requires_grad_(True)
-            scale = self.scaler.get_scale() if self.scaler is not None else 1.0
+            scale = self.scaler.scale(torch.ones((), device=self.device)) if self.scaler is not None else 1.0
             with self.autocast(), eager(D):  # a compiled backward is not differentiable (core.module.eager)
                 logits = D(real)
             penalty = r1_penalty(logits, real, scale)
@@ -92,7 +96,9 @@ class PlainGAN:
         self.iteration += 1
 
 
-def build_plain_gan(cfg: DictConfig, plan: RuntimePlan, optimizer_impl: str) -> PlainGAN:
+def build_plain_gan(
+    cfg: DictConfig, plan: RuntimePlan, optimizer_impl: str, capturable: bool = False
+) -> PlainGAN:
     device = torch.device("cuda" if plan.accelerator == "cuda" else "cpu")
     model = cfg.model
     G = instantiate(model.generator).to(device)
@@ -115,6 +121,8 @@ def build_plain_gan(cfg: DictConfig, plan: RuntimePlan, optimizer_impl: str) -> 
             eps=opt_cfg.eps,
             weight_decay=opt_cfg.weight_decay,
             **adam_implementation(optimizer_impl, params),
+            # CUDA-graph capture needs Adam's step counts on the device (`StaticGraphStep`).
+            **({"capturable": True} if capturable else {}),
         )
 
     dtype = AUTOCAST_DTYPES[plan.precision]
@@ -135,16 +143,22 @@ def build_plain_gan(cfg: DictConfig, plan: RuntimePlan, optimizer_impl: str) -> 
     )
 
 
-def plain_loader(cfg: DictConfig, plan: RuntimePlan) -> DataLoader:
-    """The same dataset and loader settings as the template's datamodule, with a plain shuffling sampler."""
+def plain_loader(cfg: DictConfig, plan: RuntimePlan) -> Iterable[torch.Tensor]:
+    """The same dataset and loader settings as the template's datamodule, with a plain shuffling sampler; with
+    `data.on_device` (MNIST) the images live on the device and each epoch is a device-side permutation, as a user
+    who keeps a small dataset on the GPU would write it."""
     from pixelsmith.train import build_datamodule
 
     datamodule = build_datamodule(cfg, plan)
     datamodule.setup("fit")
+    batch_size = int(cfg.data.batch_size or plan.batch_size)
+    images = getattr(datamodule.train_set, "images", None)
+    if datamodule.on_device and isinstance(images, torch.Tensor):
+        return _DeviceEpochs(images.to("cuda" if plan.accelerator == "cuda" else "cpu"), batch_size)
     workers = datamodule.num_workers
     return DataLoader(
         datamodule.train_set,
-        batch_size=int(cfg.data.batch_size or plan.batch_size),
+        batch_size=batch_size,
         shuffle=True,
         drop_last=True,
         num_workers=workers,
@@ -154,13 +168,27 @@ def plain_loader(cfg: DictConfig, plan: RuntimePlan) -> DataLoader:
     )
 
 
-def endless(loader: DataLoader) -> Iterator[torch.Tensor]:
+class _DeviceEpochs:
+    """One shuffled epoch of full batches per iteration over a tensor that already lives on the device."""
+
+    def __init__(self, images: torch.Tensor, batch_size: int):
+        self.images, self.batch_size = images, batch_size
+
+    def __iter__(self) -> Iterator[torch.Tensor]:
+        order = torch.randperm(self.images.shape[0], device=self.images.device)
+        for start in range(0, self.images.shape[0] - self.batch_size + 1, self.batch_size):
+            yield self.images.index_select(0, order[start : start + self.batch_size])
+
+
+def endless(loader: Iterable) -> Iterator[torch.Tensor]:
     while True:
         for batch in loader:
             yield batch[0] if isinstance(batch, list | tuple) else batch
 
 
-def run_plain(gan: PlainGAN, loader: DataLoader, iterations: int) -> tuple[list[float], list[float]]:
+def run_plain(
+    gan: PlainGAN | GraphedPlainGAN, loader: Iterable, iterations: int
+) -> tuple[list[float], list[float]]:
     """Run `iterations` iterations; returns perf_counter and process_time at the end of each (the template's
     clock takes the same readings)."""
     ends, cpu_ends = [], []
@@ -170,3 +198,65 @@ def run_plain(gan: PlainGAN, loader: DataLoader, iterations: int) -> tuple[list[
         ends.append(time.perf_counter())
         cpu_ends.append(time.process_time())
     return ends, cpu_ends
+
+
+class StaticGraphStep:
+    """One training step over a static input buffer, captured once as a CUDA graph and replayed every iteration.
+
+    The pattern of PyTorch's "whole network capture": warm-up iterations on a side stream (cuDNN autotuning,
+    optimizer state, lazy initialisation), gradients set to None before capture so backward allocates them from the
+    graph's private pool, then `torch.cuda.graph`. Each call copies the batch into the static buffer (so the caller
+    may reuse its tensor at once) and replays. Random latents stay fresh per replay: CUDA's generator advances its
+    Philox offset for captured graphs. `capture=False` runs the same step eagerly on the same static buffer: the
+    code path CPU tests check.
+    """
+
+    def __init__(self, step, example: torch.Tensor, capture: bool, warmup_steps: int = 3):
+        self.step = step
+        self.static_images = example.detach().clone()
+        self.graph: torch.cuda.CUDAGraph | None = None
+        if capture:
+            side = torch.cuda.Stream()
+            side.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(side):
+                for _ in range(warmup_steps):
+                    step(self.static_images)
+            torch.cuda.current_stream().wait_stream(side)
+            self.graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(self.graph):
+                step(self.static_images)
+
+    def __call__(self, images: torch.Tensor) -> None:
+        self.static_images.copy_(images, non_blocking=True)
+        if self.graph is None:
+            self.step(self.static_images)
+        else:
+            self.graph.replay()
+
+
+class GraphedPlainGAN:
+    """The plain GAN iteration as CUDA graphs: one without R1 and one with it (lazy R1 runs every `r1_interval`
+    iterations, StyleGAN2-ADA's Dreg), both over the same static batch buffer. The EMA's beta is captured at its
+    value at capture time (constant after the ramp-up). fp16's GradScaler is not capture-safe (it decides on the
+    host whether to step), so graphs run in bf16-mixed or 32-true."""
+
+    def __init__(self, gan: PlainGAN, example: torch.Tensor, capture: bool):
+        if gan.scaler is not None:
+            raise PixelsmithError(
+                "The CUDA-graph step cannot capture precision=16-mixed: its GradScaler decides on the host whether "
+                "an optimizer step is skipped. Capture precision=bf16-mixed (or 32-true) instead."
+            )
+        self.gan = gan
+        self.iteration = 0
+        example = example.to(gan.device)
+        self.main = StaticGraphStep(lambda x: gan.step(x, with_r1=False), example, capture)
+        self.with_r1 = (
+            StaticGraphStep(lambda x: gan.step(x, with_r1=True), example, capture)
+            if gan.r1_gamma > 0
+            else None
+        )
+
+    def step(self, images: torch.Tensor) -> None:
+        lazy_r1 = self.with_r1 is not None and self.iteration % self.gan.r1_interval == 0
+        (self.with_r1 if lazy_r1 else self.main)(images)
+        self.iteration += 1

@@ -409,21 +409,21 @@ class AdaINModule(StyleTransferModule):
         return self.decoder
 
     def style_batch(self, content: Tensor) -> Tensor:
-        """One random style crop per content image: style index and crop offsets from the torch RNG (reseeded per
-        iteration by the core, so resuming draws the same ones)."""
+        """One random style crop per content image: style index and crop offsets from the core's host RNG (reseeded
+        per iteration, so resuming draws the same ones; host draws keep the GPU from waiting on a `.item()`)."""
         crop = self.style_crop or int(content.shape[-1])
         if crop > self.style_size:
             raise StyleConfigError(
                 f"Style crops of {crop} px do not fit style images resized to model.style_size={self.style_size}: "
                 "raise model.style_size or set model.style_crop lower."
             )
-        indices = torch.randint(len(self.styles), (content.shape[0],)).tolist()
+        rng = self.host_random
         crops = []
-        for index in indices:
-            style = self.styles[index]
+        for _ in range(content.shape[0]):
+            style = self.styles[rng.randrange(len(self.styles))]
             height, width = style.shape[-2:]
-            top = int(torch.randint(0, height - crop + 1, ()))
-            left = int(torch.randint(0, width - crop + 1, ()))
+            top = rng.randrange(height - crop + 1)
+            left = rng.randrange(width - crop + 1)
             crops.append(style[:, top : top + crop, left : left + crop])
         batch = torch.stack(crops).to(self.device, non_blocking=True)
         if self.core.channels_last:

@@ -1,0 +1,175 @@
+"""HostSyncCheck: prove that a training iteration which logs nothing never makes the host wait for the device.
+
+A GPU iteration is fast only while Python runs ahead of the kernels it queues; every `.item()`, `bool(tensor)`,
+`.cpu()` or data-dependent shape (`nonzero`, boolean indexing) stops the host until the GPU has caught up. The
+core keeps its non-finite guard, GradScaler skip, clipping, EMA, lazy R1, ADA and schedules on the device and reads
+values only at logging iterations (`train.log_every_n_steps`); `train.host_sync_check=warn|error` checks that.
+
+Between `on_train_batch_start` and `on_train_batch_end` of every iteration that will not log:
+- on CUDA, `torch.cuda.set_sync_debug_mode` makes every synchronising CUDA call warn or raise (the real proof);
+- on other devices, a dispatch mode counts the aten ops that synchronise on CUDA (`SYNCING_OPS`, boolean-mask
+  indexing) and the value reads that are device-to-host copies on CUDA (`.tolist()`, `.numpy()`, `.cpu()`), so
+  CPU CI exercises the same check on the same code. It cannot tell a tensor that lives on the host on purpose (an
+  optimizer's CPU step count) from one that would be on the GPU; warn mode lists them with their lines.
+Logging iterations, the last one and what other callbacks do after the step (samples, evaluation, checkpoints) are
+outside the window: they read the device on purpose.
+"""
+
+from __future__ import annotations
+
+import logging
+import traceback
+from typing import Any
+
+import lightning as L
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from pixelsmith.config.schema import HOST_SYNC_MODES
+from pixelsmith.errors import PixelsmithError
+
+log = logging.getLogger(__name__)
+
+# Ops whose result the host needs (a value, or an output size that depends on values) before it can go on.
+SYNCING_OPS = frozenset(
+    {
+        "aten._local_scalar_dense",  # .item(), float(t), int(t), bool(t), if t: ...
+        "aten.is_nonzero",
+        "aten.equal",
+        "aten.nonzero",
+        "aten.masked_select",
+        "aten._unique",
+        "aten._unique2",
+        "aten.unique_dim",
+        "aten.unique_consecutive",
+        "aten.repeat_interleave",  # without output_size
+    }
+)
+
+
+class HostSyncError(PixelsmithError, RuntimeError):
+    """An iteration that logs nothing made the host wait for the device (train.host_sync_check=error)."""
+
+
+class SyncCounter(TorchDispatchMode):
+    """Counts (and, with `raise_on_sync`, refuses) the ops that make a CUDA host wait, on any device."""
+
+    def __init__(self, raise_on_sync: bool = False):
+        super().__init__()
+        self.raise_on_sync = raise_on_sync
+        self.events: list[tuple[str, str]] = []  # (op name, innermost Pixelsmith/user frame)
+
+    # Reads of a tensor's values that dispatch no aten op on a CPU tensor (on CUDA they are device-to-host copies).
+    _HOST_READS = ("tolist", "numpy", "cpu")
+
+    def __enter__(self):
+        self._originals = {name: getattr(torch.Tensor, name) for name in self._HOST_READS}
+        for name, original in self._originals.items():
+            setattr(torch.Tensor, name, self._recording(name, original))
+        return super().__enter__()
+
+    def __exit__(self, *exc):
+        for name, original in self._originals.items():
+            setattr(torch.Tensor, name, original)
+        return super().__exit__(*exc)
+
+    def _recording(self, name, original):
+        def read(tensor, *args, **kwargs):
+            self._found(f"Tensor.{name}")
+            return original(tensor, *args, **kwargs)
+
+        return read
+
+    def _found(self, name: str) -> None:
+        where = _caller()
+        self.events.append((name, where))
+        if self.raise_on_sync:
+            raise HostSyncError(
+                f"{name} made the host wait for the device during an iteration that logs nothing (at {where}). "
+                "Keep the value on the device (torch.where instead of `if`, a tensor instead of .item()) or "
+                "read it only at logging iterations (TrainingCore.logging_values); "
+                "train.host_sync_check=warn reports without stopping."
+            )
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        name = func.overloadpacket._qualified_op_name.replace("::", ".")
+        syncs = name in SYNCING_OPS or (name.startswith("aten.index") and _has_bool_index(args))
+        if name == "aten.repeat_interleave" and kwargs.get("output_size") is not None:
+            syncs = False
+        if syncs:
+            self._found(name)
+        return func(*args, **kwargs)
+
+
+def _has_bool_index(args: tuple) -> bool:
+    indices = args[1] if len(args) > 1 and isinstance(args[1], list | tuple) else ()
+    return any(torch.is_tensor(i) and i.dtype == torch.bool for i in indices)
+
+
+def _caller() -> str:
+    # The innermost frame outside torch and this file: the line a user would change.
+    for frame in reversed(traceback.extract_stack()[:-2]):
+        if "/torch/" not in frame.filename and frame.filename != __file__:
+            return f"{frame.filename}:{frame.lineno} ({frame.name})"
+    return "unknown"
+
+
+class HostSyncCheck(L.Callback):
+    """Check iterations that do not log for host-device synchronisation; `mode` is "warn" or "error".
+
+    `checked` counts the iterations checked and `events` holds (iteration, op, location) of every sync found.
+    Put it first in the callback list so its window closes before other callbacks' batch-end work.
+    """
+
+    def __init__(self, mode: str = "error"):
+        if mode not in ("warn", "error"):
+            raise PixelsmithError(
+                f"train.host_sync_check={mode!r} is unknown; choose one of {', '.join(HOST_SYNC_MODES)}."
+            )
+        self.mode = mode
+        self.checked = 0
+        self.events: list[tuple[int, str, str]] = []
+        self._counter: SyncCounter | None = None
+        self._cuda_mode_before: int | None = None
+        self._iteration = 0
+
+    def _logs_this_iteration(self, module: Any) -> bool:
+        core = module.core
+        coming = module.iteration + 1
+        return coming % core.log_every_n_steps == 0 or coming >= core.max_steps or module.iteration == 0
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
+        # Iteration 0 is left out too: it creates the device-side state (guard counters, the scaler's scale).
+        if self._logs_this_iteration(pl_module):
+            return
+        self._iteration = pl_module.iteration
+        self.checked += 1
+        if pl_module.device.type == "cuda":
+            # CUDA's own check sees every synchronising call, copies included; a dispatch mode on top would only
+            # slow the iteration down and make torch.compile'd networks recompile under it.
+            self._cuda_mode_before = torch.cuda.get_sync_debug_mode()
+            torch.cuda.set_sync_debug_mode(self.mode)
+            return
+        self._counter = SyncCounter(raise_on_sync=self.mode == "error")
+        self._counter.__enter__()
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        self._close(pl_module)
+
+    def on_exception(self, trainer, pl_module, exception) -> None:
+        self._close(pl_module)
+
+    def _close(self, pl_module: Any) -> None:
+        if self._cuda_mode_before is not None:
+            torch.cuda.set_sync_debug_mode(self._cuda_mode_before)
+            self._cuda_mode_before = None
+        if self._counter is None:
+            return
+        counter, self._counter = self._counter, None
+        counter.__exit__(None, None, None)
+        for op, where in counter.events:
+            self.events.append((self._iteration, op, where))
+            log.warning(
+                "Iteration %d: %s made the host wait for the device (at %s).", self._iteration, op, where
+            )

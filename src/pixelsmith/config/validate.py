@@ -1,0 +1,216 @@
+"""Range checks on a composed run config, at start-up, before anything is written.
+
+The schema (`config/schema.py`) types every key, so `data.batch_size=abc` fails in Hydra; this adds what a type
+cannot say: `data.batch_size=0`, `train.clip_grad_norm=-1` (which silently turned training into gradient ascent),
+`model.r1_interval=0`, `eval.monitor=foo`, a key added with `+` that nothing reads (`+maxsteps=5`). Every problem
+found is reported at once, one line each naming the key, the value and a valid one, in a `ConfigValueError` the
+entry points print as one paragraph. A few settings that are legal but surely unintended (a warm-up longer than
+the run) are logged as warnings.
+"""
+
+from __future__ import annotations
+
+import difflib
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass, fields
+from typing import Any
+
+from omegaconf import DictConfig, OmegaConf
+
+from pixelsmith.config.schema import GAN_LOSSES, HOST_SYNC_MODES, SCHEDULES, TrainConfig
+from pixelsmith.errors import PixelsmithError
+
+log = logging.getLogger(__name__)
+
+# eval.metrics entry -> the score names it produces (what eval.monitor may name)
+METRIC_SCORES = {
+    "fid": ("fid",),
+    "kid": ("kid_mean", "kid_std"),
+    "pr": ("precision", "recall"),
+    "is": ("is_mean", "is_std"),
+}
+
+
+class ConfigValueError(PixelsmithError, ValueError):
+    """One or more config values are out of range; the message lists each key with a valid value."""
+
+
+@dataclass(frozen=True)
+class Rule:
+    key: str  # dotted path; the rule is skipped when the config has no such key (another model, another data)
+    ok: Callable[[Any], bool]
+    requirement: str  # "must be ..." text
+    example: str  # a valid value for the message
+
+
+def _positive_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool) and v >= 1
+
+
+def _non_negative(v: Any) -> bool:
+    return isinstance(v, int | float) and not isinstance(v, bool) and v >= 0
+
+
+def _positive(v: Any) -> bool:
+    return isinstance(v, int | float) and not isinstance(v, bool) and v > 0
+
+
+def _optional(check: Callable[[Any], bool]) -> Callable[[Any], bool]:
+    return lambda v: v is None or check(v)
+
+
+def _betas(v: Any) -> bool:
+    return (
+        isinstance(v, list | tuple)
+        and len(v) == 2
+        and all(isinstance(b, int | float) and 0.0 <= b < 1.0 for b in v)
+    )
+
+
+def _optimizer_rules(prefix: str) -> list[Rule]:
+    return [
+        Rule(f"{prefix}.lr", _positive, "must be > 0 (a negative learning rate climbs the loss)", "2.0e-4"),
+        Rule(
+            f"{prefix}.betas", _betas, "must be two numbers in [0, 1), Adam's (beta1, beta2)", "[0.5,0.999]"
+        ),
+        Rule(f"{prefix}.eps", _positive, "must be > 0", "1.0e-8"),
+        Rule(f"{prefix}.weight_decay", _non_negative, "must be >= 0", "0.0"),
+    ]
+
+
+RULES: list[Rule] = [
+    Rule("max_steps", _positive_int, "must be at least 1", "2000"),
+    Rule("accumulate", _positive_int, "must be at least 1 (1 = no accumulation)", "1"),
+    Rule("data.batch_size", _optional(_positive_int), "must be at least 1 (or null: the profile's)", "64"),
+    Rule("data.resolution", lambda v: _positive_int(v) and v >= 4, "must be at least 4 pixels", "32"),
+    Rule("data.channels", lambda v: v in (1, 3), "must be 1 (grey) or 3 (RGB)", "1"),
+    Rule("data.limit", _optional(_positive_int), "must be at least 1, or null for the whole dataset", "null"),
+    Rule("data.num_workers", _optional(_non_negative), "must be >= 0 (0 = load in the main process)", "2"),
+    Rule("data.prefetch_factor", _positive_int, "must be at least 1", "2"),
+    Rule("data.on_corrupt", lambda v: v in ("skip", "error"), "must be skip or error", "skip"),
+    Rule("hardware.devices", _optional(_positive_int), "must be at least 1 (or null: all visible)", "1"),
+    Rule("hardware.num_nodes", _positive_int, "must be at least 1", "1"),
+    Rule("hardware.num_threads", _optional(_positive_int), "must be at least 1, or null", "null"),
+    Rule(
+        "hardware.memory_fraction",
+        _optional(lambda v: _positive(v) and v <= 1),
+        "must be in (0, 1], or null",
+        "0.5",
+    ),
+    Rule(
+        "train.clip_grad_norm",
+        _optional(_positive),
+        "must be > 0, or null for no clipping (a negative max norm flips the gradients: gradient ascent)",
+        "1.0",
+    ),
+    Rule("train.log_every_n_steps", _positive_int, "must be at least 1", "10"),
+    Rule("train.sample_every_n_steps", _non_negative, "must be >= 0 (0 = never)", "250"),
+    Rule("train.checkpoint_every_n_steps", _non_negative, "must be >= 0 (0 = only at the end)", "500"),
+    Rule("train.keep_checkpoints", _non_negative, "must be >= 0", "3"),
+    Rule(
+        "train.nonfinite_max_consecutive",
+        _non_negative,
+        "must be >= 0 (0 = never stop for non-finite steps)",
+        "20",
+    ),
+    Rule(
+        "train.host_sync_check",
+        lambda v: v in HOST_SYNC_MODES,
+        f"must be one of {', '.join(HOST_SYNC_MODES)}",
+        "off",
+    ),
+    Rule(
+        "schedule.name", lambda v: v in SCHEDULES, f"must be one of {', '.join(SCHEDULES)}", "warmup_cosine"
+    ),
+    Rule("schedule.warmup_steps", _non_negative, "must be >= 0", "0"),
+    Rule("schedule.min_lr_ratio", lambda v: _non_negative(v) and v <= 1, "must be in [0, 1]", "0.0"),
+    Rule(
+        "schedule.total_steps", _optional(_positive_int), "must be at least 1, or null (= max_steps)", "null"
+    ),
+    Rule(
+        "model.loss", lambda v: v in GAN_LOSSES, f"must be one of {', '.join(GAN_LOSSES)}", "non_saturating"
+    ),
+    Rule("model.r1_gamma", _non_negative, "must be >= 0 (0 disables R1)", "10.0"),
+    Rule("model.r1_interval", _positive_int, "must be at least 1 (R1 every N iterations)", "16"),
+    Rule("model.sample_grid_size", _positive_int, "must be at least 1", "64"),
+    Rule("model.ema.half_life_kimg", _positive, "must be > 0", "10.0"),
+    *_optimizer_rules("model.g_optimizer"),
+    *_optimizer_rules("model.d_optimizer"),
+    *_optimizer_rules("model.optimizer"),
+    Rule("eval.every_n_steps", _non_negative, "must be >= 0 (0 = no evaluation during training)", "500"),
+    Rule("eval.num_samples", _positive_int, "must be at least 1", "2000"),
+    Rule("eval.batch_size", _positive_int, "must be at least 1", "250"),
+    Rule("eval.reference_samples", _optional(_positive_int), "must be at least 1, or null (all)", "null"),
+    Rule(
+        "eval.metrics",
+        lambda v: isinstance(v, list | tuple) and bool(v) and all(m in METRIC_SCORES for m in v),
+        f"must be a non-empty list of {', '.join(METRIC_SCORES)}",
+        "[fid,kid,pr]",
+    ),
+]
+
+
+def _lookup(cfg: DictConfig, key: str) -> tuple[bool, Any]:
+    node: Any = cfg
+    for part in key.split("."):
+        if not isinstance(node, DictConfig) or part not in node:
+            return False, None
+        node = node[part]
+    return True, OmegaConf.to_container(node, resolve=True) if isinstance(node, DictConfig) else (
+        list(node) if OmegaConf.is_list(node) else node
+    )
+
+
+def _unknown_root_keys(cfg: DictConfig) -> list[str]:
+    """Keys at the config's root that no part of Pixelsmith reads (added with `+`), with a suggestion each."""
+    known = {f.name for f in fields(TrainConfig)} | {"experiment", "debug", "hparams_search", "local"}
+    problems = []
+    for key in cfg:
+        if key in known or str(key).startswith("_"):
+            continue
+        close = difflib.get_close_matches(str(key), sorted(known), n=1)
+        hint = f" Did you mean {close[0]}?" if close else ""
+        problems.append(f"{key} is not a Pixelsmith setting and nothing would read it.{hint}")
+    return problems
+
+
+def validate_config(cfg: DictConfig) -> None:
+    """Raise ConfigValueError listing every out-of-range value; log warnings for legal but odd combinations."""
+    problems = _unknown_root_keys(cfg)
+    for rule in RULES:
+        present, value = _lookup(cfg, rule.key)
+        if present and not rule.ok(value):
+            problems.append(f"{rule.key}={value!r} {rule.requirement}; e.g. {rule.key}={rule.example}.")
+    present, monitor = _lookup(cfg, "eval.monitor")
+    _, metrics = _lookup(cfg, "eval.metrics")
+    if present and isinstance(metrics, list | tuple) and all(m in METRIC_SCORES for m in metrics):
+        scores = [s for m in metrics for s in METRIC_SCORES[m]]
+        if monitor not in scores:
+            problems.append(
+                f"eval.monitor={monitor!r} is not a score the chosen eval.metrics={list(metrics)} produce; choose "
+                f"one of {', '.join(scores)} (e.g. eval.monitor=fid)."
+            )
+    if problems:
+        listed = " ".join(f"({i}) {p}" for i, p in enumerate(problems, 1))
+        raise ConfigValueError(
+            f"The run config has {len(problems)} invalid value(s), found before anything was written: {listed} "
+            "Fix them on the command line or in your config file; `python train.py --cfg job` prints the "
+            "composed config."
+        )
+    _warn_odd_combinations(cfg)
+
+
+def _warn_odd_combinations(cfg: DictConfig) -> None:
+    present, warmup = _lookup(cfg, "schedule.warmup_steps")
+    _, total = _lookup(cfg, "schedule.total_steps")
+    _, max_steps = _lookup(cfg, "max_steps")
+    total = total or max_steps
+    if present and total and warmup >= total:
+        log.warning(
+            "schedule.warmup_steps=%d is not shorter than the %d-iteration schedule: the learning rate never "
+            "reaches its peak. Use a warm-up of a few percent of max_steps (e.g. schedule.warmup_steps=%d).",
+            warmup,
+            total,
+            max(1, total // 20),
+        )

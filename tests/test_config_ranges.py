@@ -1,0 +1,79 @@
+"""Config values that make no sense stop at start-up, each named with a valid value (config/validate.py): the bad
+command lines a new user tried, as a table. Nothing trains and no checkpoint is written."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+
+from pixelsmith.config.validate import ConfigValueError, validate_config
+from pixelsmith.train import run
+from tests.conftest import run_cli
+
+BAD_VALUES = [
+    # (override, the key the message must name, a valid value it must offer)
+    ("data.batch_size=0", "data.batch_size", "data.batch_size=64"),
+    ("hardware.devices=0", "hardware.devices", "hardware.devices=1"),
+    ("train.clip_grad_norm=-1", "train.clip_grad_norm", "gradient ascent"),
+    ("model.r1_gamma=-1", "model.r1_gamma", "model.r1_gamma=10.0"),
+    ("train.log_every_n_steps=0", "train.log_every_n_steps", "train.log_every_n_steps=10"),
+    ("eval.num_samples=-5", "eval.num_samples", "eval.num_samples=2000"),
+    ("eval.monitor=foo", "eval.monitor", "eval.monitor=fid"),
+    ("data.limit=-3", "data.limit", "data.limit=null"),
+    ("+maxsteps=5", "maxsteps", "Did you mean max_steps?"),
+    ("model.g_optimizer.lr=-1", "model.g_optimizer.lr", "model.g_optimizer.lr=2.0e-4"),
+    ("model.g_optimizer.betas=[0.5]", "model.g_optimizer.betas", "[0.5,0.999]"),
+    ("data.resolution=0", "data.resolution", "data.resolution=32"),
+    ("model.loss=wasserstein", "model.loss", "non_saturating, hinge"),
+    ("model.r1_interval=0", "model.r1_interval", "model.r1_interval=16"),
+    ("eval.batch_size=0", "eval.batch_size", "eval.batch_size=250"),
+    ("train.nonfinite_max_consecutive=-1", "train.nonfinite_max_consecutive", "=20"),
+    ("train.host_sync_check=loud", "train.host_sync_check", "off, warn, error"),
+    ("schedule.min_lr_ratio=2", "schedule.min_lr_ratio", "[0, 1]"),
+    ("accumulate=0", "accumulate", "accumulate=1"),
+]
+
+
+@pytest.mark.parametrize(("override", "key", "fix"), BAD_VALUES, ids=[b[0] for b in BAD_VALUES])
+def test_each_bad_value_is_named_with_a_valid_one(make_cfg, tmp_path, override, key, fix):
+    cfg = make_cfg(override)
+    with pytest.raises(ConfigValueError) as err:
+        run(cfg)
+    message = str(err.value)
+    assert f"{key}=" in message or f"{key} is not" in message
+    assert fix in message and "1 invalid value" in message
+    assert not (tmp_path / "run" / "checkpoints").exists()  # stopped before anything was written
+
+
+def test_all_problems_are_listed_at_once_and_style_keys_are_checked_too(make_cfg):
+    cfg = make_cfg("data.batch_size=0", "train.clip_grad_norm=-1", "eval.monitor=kid")
+    with pytest.raises(ConfigValueError, match=r"3 invalid value\(s\).*\(1\).*\(2\).*\(3\)"):
+        validate_config(cfg)
+    style = make_cfg("experiment=style_fast", "model.optimizer.lr=0", fast=False)
+    with pytest.raises(ConfigValueError, match="model.optimizer.lr=0"):
+        validate_config(style)
+
+
+def test_every_shipped_config_passes(make_cfg):
+    for extra in ([], ["experiment=style_fast"], ["experiment=style_adain"], ["experiment=mnist_stylegan2"]):
+        validate_config(make_cfg(*extra, fast=False))
+    for debug in ("fast", "overfit", "ddp", "fsdp"):
+        validate_config(make_cfg(f"debug={debug}", fast=False))
+
+
+def test_a_warmup_longer_than_the_run_warns(make_cfg, caplog):
+    with caplog.at_level(logging.WARNING):
+        validate_config(make_cfg("schedule=warmup_cosine", "schedule.warmup_steps=999999", "max_steps=2"))
+    assert "never reaches its peak" in caplog.text
+
+
+def test_train_py_prints_one_paragraph_and_no_traceback(tmp_path):
+    result = run_cli(
+        ["train.py", "train.clip_grad_norm=-1", f"hydra.run.dir={tmp_path / 'run'}"], timeout=300
+    )
+    output = result.stdout + result.stderr
+    assert result.returncode != 0
+    assert "train.clip_grad_norm=-1.0 must be > 0" in output
+    assert "Traceback" not in output
+    assert not (tmp_path / "run" / "checkpoints").exists()

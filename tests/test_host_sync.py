@@ -1,0 +1,137 @@
+"""Iterations that log nothing never make the host wait for the device (issue: GPU speed, "no host syncs").
+
+`train.host_sync_check=error` runs real training through the config tree with every device-side feature on
+(fused Adam's on-device skip, clipping, EMA, lazy R1, ADA, warmup+cosine, fp16 GradScaler) and raises at the first
+op that would synchronise on CUDA. The CUDA half of the proof (`torch.cuda.set_sync_debug_mode`) is in test_gpu.py.
+"""
+
+from __future__ import annotations
+
+import linecache
+import math
+
+import pytest
+import torch
+
+from pixelsmith.augment import ada
+from pixelsmith.callbacks.host_sync import HostSyncCheck, HostSyncError, SyncCounter
+from pixelsmith.train import run
+
+ALL_ON = [
+    "hardware.optimizer_impl=fused",
+    "train.host_sync_check=error",
+    "train.log_every_n_steps=4",
+    "train.clip_grad_norm=1.0",
+    "schedule=warmup_cosine",
+    "schedule.warmup_steps=3",
+    "model.r1_gamma=0.1",
+    "model.r1_interval=2",
+    "augment=ada",
+    "augment.initial_p=0.5",
+    "augment.interval=2",
+    "max_steps=9",
+    "data.limit=128",
+]
+
+
+@pytest.fixture
+def cuda_code_paths(monkeypatch):
+    # ADA picks out the rows to warp with nonzero() on CPU only (a CPU has no device to wait for); take the GPU path.
+    monkeypatch.setattr(ada, "_warp_selected_rows_only", lambda device: False)
+
+
+@pytest.fixture
+def checks(monkeypatch):
+    """The HostSyncCheck callbacks a run creates, to read what they checked."""
+    created: list[HostSyncCheck] = []
+    original = HostSyncCheck.__init__
+
+    def recording_init(self, *args, **kwargs):
+        original(self, *args, **kwargs)
+        created.append(self)
+
+    monkeypatch.setattr(HostSyncCheck, "__init__", recording_init)
+    return created
+
+
+@pytest.mark.parametrize(
+    ("model", "precision"),
+    [("dcgan", "32-true"), ("dcgan", "16-mixed"), ("stylegan2", "32-true")],
+)
+def test_a_gan_iteration_that_logs_nothing_never_waits_for_the_device(
+    make_cfg, tmp_path, cuda_code_paths, checks, model, precision
+):
+    metrics = run(make_cfg(*ALL_ON, f"precision={precision}", model=model))
+    assert metrics["iteration"] == 9 and math.isfinite(metrics["loss/D"])
+    (check,) = checks
+    # Iterations 1, 2, 4, 5, 6 are checked (0 sets up device state; 3 and 7 log; 8 is the last).
+    assert check.checked == 5 and check.events == []
+    assert 0 < metrics["augment/p"] <= 1  # ADA's p moved on the device and reached the log
+
+
+@pytest.mark.filterwarnings("ignore::pixelsmith.style.loss_network.RandomLossNetworkWeightsWarning")
+@pytest.mark.filterwarnings("ignore:The number of training batches")
+@pytest.mark.parametrize("model", ["style_fast", "style_adain"])
+def test_the_style_iteration_never_waits_for_the_device(tmp_path, checks, model):
+    from tests.test_style_train import _cfg
+
+    overrides = ["hardware.optimizer_impl=fused", "train.host_sync_check=error", "train.log_every_n_steps=4"]
+    metrics = run(_cfg(tmp_path, model, *overrides, "max_steps=6", "train.clip_grad_norm=1.0"))
+    assert metrics["iteration"] == 6
+    (check,) = checks
+    assert check.checked == 3 and check.events == []  # 1, 2, 4
+
+
+def test_a_host_decided_step_is_caught_and_named(make_cfg, tmp_path):
+    """foreach Adam cannot take the skip decision on the device: the core's `bool(skip)` is reported with its
+    line, and the run stops with the fix in the message."""
+    with pytest.raises(HostSyncError) as err:
+        run(make_cfg("hardware.optimizer_impl=foreach", "train.host_sync_check=error", "max_steps=4"))
+    message = str(err.value)
+    assert "aten._local_scalar_dense" in message and "core/module.py" in message
+    assert "train.host_sync_check=warn" in message
+
+
+def test_warn_mode_records_each_sync_and_training_goes_on(make_cfg, tmp_path, checks):
+    metrics = run(
+        make_cfg(
+            "hardware.optimizer_impl=foreach", "train.host_sync_check=warn", "max_steps=6", "model.r1_gamma=0"
+        )
+    )
+    assert metrics["iteration"] == 6
+    (check,) = checks
+    # Two host-decided steps (D, G) per checked iteration (1..4; 0 sets up, 5 is the last). (foreach Adam's own
+    # `.item()` on its step counts shows up too: on CPU the counter cannot tell that those live on the host.)
+    decisions = [e for e in check.events if "bool(skip)" in _source_line(e[2])]
+    assert check.checked == 4 and [i for i, _, _ in decisions] == [1, 1, 2, 2, 3, 3, 4, 4]
+    # Having waited anyway, the core reads its guard on every such iteration instead of at logging ones only.
+    reads = {where.split(" ")[1] for _, op, where in check.events if op == "Tensor.tolist"}
+    assert reads == {"(_check_guard)"}
+
+
+def _source_line(where: str) -> str:
+    path, line = where.split(" ")[0].rsplit(":", 1)
+    return linecache.getline(path, int(line))
+
+
+def test_the_counter_sees_the_ops_that_synchronise_on_cuda():
+    x = torch.randn(8)
+    with SyncCounter() as counter:
+        _ = x.sum() * 2  # stays a tensor: no sync
+        _ = torch.where(x > 0, x, 0.0)
+    assert counter.events == []
+    with SyncCounter() as counter:
+        float(x.sum())
+        bool(x[0] > 0)
+        x.nonzero()
+        x[x > 0]
+        x[:2].tolist()  # no aten op on a CPU tensor, a device-to-host copy on CUDA
+    assert [op for op, _ in counter.events] == [
+        "aten._local_scalar_dense",
+        "aten._local_scalar_dense",
+        "aten.nonzero",
+        "aten.index",
+        "Tensor.tolist",
+    ]
+    assert torch.Tensor.tolist.__name__ == "tolist"  # restored on exit
+    assert all("test_host_sync.py" in where for _, where in counter.events), counter.events
