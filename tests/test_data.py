@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import csv
+import struct
+import zlib
 
 import numpy as np
 import pytest
@@ -81,7 +83,127 @@ def test_training_on_an_image_folder_counts_skipped_files(make_cfg, tmp_path):
         skipped = [
             float(r["data/skipped_files"]) for r in csv.DictReader(handle) if r.get("data/skipped_files")
         ]
-    assert skipped and skipped[-1] >= 1  # 12 files, 12 items drawn: the broken one is hit and counted
+    assert skipped == [1.0, 1.0, 1.0]  # the one broken file, counted once, from the first iteration on
+
+
+def _new_user_folder(folder):
+    """33 valid images of every awkward kind and 5 broken ones, as a new user's folder might hold."""
+    from PIL import Image
+
+    folder.mkdir()
+    rng = np.random.default_rng(0)
+    for i in range(29):
+        Image.fromarray(rng.integers(0, 255, (20, 24, 3), dtype=np.uint8)).save(folder / f"ok_{i:02d}.png")
+    Image.new("CMYK", (20, 20), (0, 255, 0, 0)).save(folder / "cmyk.jpg")
+    Image.fromarray(np.full((20, 20), 32896, dtype=np.uint16)).save(folder / "grey16.png")  # mid-grey, 16 bit
+    palette = Image.new("P", (20, 20))
+    palette.info["transparency"] = 0
+    palette.save(folder / "palette_alpha.png")
+    exif = Image.Exif()
+    exif[0x0112] = 6  # rotate 90 degrees on display
+    Image.new("RGB", (30, 20), (10, 200, 10)).save(folder / "exif_rotated.jpg", exif=exif)
+    good = Image.new("RGB", (20, 20)).tobytes()
+    (folder / "truncated.png").write_bytes((folder / "ok_00.png").read_bytes()[:60])
+    (folder / "empty.jpg").write_bytes(b"")
+    (folder / "text.jpg").write_text("this is not an image")
+    (folder / "random.png").write_bytes(rng.integers(0, 255, 5000, dtype=np.uint8).tobytes())
+    # A decompression bomb: a PNG whose header claims 20000 x 20000 (400 megapixels; Pillow refuses it).
+    Image.new("L", (1, 1)).save(folder / "bomb.png")
+    data = bytearray((folder / "bomb.png").read_bytes())
+    data[16:24] = struct.pack(">II", 20000, 20000)  # IHDR width, height
+    data[29:33] = struct.pack(">I", zlib.crc32(bytes(data[12:29])))  # the IHDR chunk's CRC
+    (folder / "bomb.png").write_bytes(bytes(data))
+    del good
+    return {"truncated.png", "empty.jpg", "text.jpg", "random.png", "bomb.png"}
+
+
+def test_a_new_users_folder_skips_exactly_the_broken_files_once(make_cfg, tmp_path, monkeypatch, caplog):
+    monkeypatch.setenv("PIXELSMITH_CACHE", str(tmp_path / "cache"))
+    folder = tmp_path / "images"
+    broken = _new_user_folder(folder)
+    cfg = make_cfg(
+        "data=image_folder",
+        f"data.root={folder}",
+        "data.resolution=16",
+        "data.batch_size=8",
+        "data.num_workers=1",
+        "max_steps=10",
+        "train.log_every_n_steps=1",
+        "precision=32-true",
+    )
+    metrics = run(cfg)
+    assert metrics["iteration"] == 10
+    with open(tmp_path / "run" / "metrics.csv") as handle:
+        skipped = [
+            float(r["data/skipped_files"]) for r in csv.DictReader(handle) if r.get("data/skipped_files")
+        ]
+    assert skipped == [5.0] * 10  # distinct files, not every re-read of them (the issue saw 84)
+    warned = [r.getMessage() for r in caplog.records if "Skipping unreadable image" in r.getMessage()]
+    names = [m.removeprefix("Skipping unreadable image ").split(" (")[0].rsplit("/", 1)[-1] for m in warned]
+    assert sorted(names) == sorted(broken)  # once per file
+
+
+def test_the_check_is_cached_so_a_rerun_decodes_nothing_again(tmp_path, monkeypatch):
+    from pixelsmith.data import image_check
+    from pixelsmith.data.image_check import check_images
+
+    folder = tmp_path / "images"
+    broken = _new_user_folder(folder)
+    files = list_images(folder, ["jpg", "png"])
+    calls = []
+
+    def decode(path):
+        calls.append(path)
+        return image_check_decode(path)
+
+    from pixelsmith.data.image_folder import decode_square
+
+    def image_check_decode(path):
+        return decode_square(path, 16, 3)
+
+    first = check_images(folder, files, decode, cache_dir=tmp_path / "cache")
+    assert {p.name for p in first} == broken and len(calls) == 38
+    calls.clear()
+    again = check_images(folder, files, decode, cache_dir=tmp_path / "cache")
+    assert again == first and calls == []  # every verdict came from the cache
+    (folder / "text.jpg").write_bytes((folder / "ok_01.png").read_bytes())  # fixed: new mtime and size
+    fixed = check_images(folder, files, decode, cache_dir=tmp_path / "cache")
+    assert [p.name for p in calls] == ["text.jpg"] and "text.jpg" not in {p.name for p in fixed}
+    assert image_check.CACHE_VERSION == 1
+
+
+def test_on_corrupt_error_stops_before_the_first_iteration_in_one_paragraph(tmp_path):
+    from tests.conftest import run_cli
+
+    folder = tmp_path / "images"
+    _new_user_folder(folder)
+    result = run_cli(
+        [
+            "train.py",
+            "data=image_folder",
+            f"data.root={folder}",
+            "data.on_corrupt=error",
+            "data.resolution=16",
+            f"hydra.run.dir={tmp_path / 'run'}",
+        ],
+        timeout=300,
+        env_extra={"PIXELSMITH_CACHE": str(tmp_path / "cache")},
+    )
+    output = result.stdout + result.stderr
+    assert result.returncode != 0
+    assert "5 of 38 images" in output and "data.on_corrupt=skip" in output and "bomb.png" in output
+    assert "Traceback" not in output
+    assert not (tmp_path / "run" / "checkpoints").exists()
+
+
+def test_sixteen_bit_grey_is_scaled_not_clipped(tmp_path):
+    from PIL import Image
+
+    from pixelsmith.data.image_folder import decode_square
+
+    Image.fromarray(np.full((20, 24), 32896, dtype=np.uint16)).save(tmp_path / "g.png")
+    for channels in (1, 3):
+        assert decode_square(tmp_path / "g.png", 16, channels).float().mean() == 128.0  # was 255 (clipped)
 
 
 @pytest.mark.parametrize(("rank", "world", "start"), [(0, 1, 0), (1, 2, 5), (0, 3, 7)])

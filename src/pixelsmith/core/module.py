@@ -554,11 +554,15 @@ class TrainingCore(L.LightningModule):
         self._last_log_point = (now, self.images_seen)
         metrics["train/iteration"] = float(self.iteration)
         metrics["train/kimg"] = self.images_seen / 1000.0
-        if torch.is_tensor(self.skipped_files):
-            total = self.skipped_files.detach().float().clone()
-            # Each rank reads its own files: the run's count is the sum (one scalar all-reduce per log).
+        datamodule = self._trainer.datamodule if self._trainer is not None else None
+        # Files the datamodule's set-up check left out (distinct, the same on every rank) ...
+        left_out = int(getattr(datamodule, "skipped_file_count", 0))
+        if torch.is_tensor(self.skipped_files) or left_out:
+            # ... plus substitutions for files that broke later: each rank reads its own files, so those are summed
+            # (one scalar all-reduce per log).
+            total = torch.as_tensor(self.skipped_files, device=self.device).detach().float().clone()
             self.world_all_reduce(total)
-            metrics["data/skipped_files"] = total
+            metrics["data/skipped_files"] = total + left_out
         metrics["guard/nonfinite_skipped"] = float(self.nonfinite_skipped)
         metrics["guard/amp_overflow_skipped"] = float(self.amp_overflow_skipped)
         if self.mixed_precision.scaler is not None:
@@ -591,6 +595,7 @@ class TrainingCore(L.LightningModule):
             "nonfinite_streaks": guard["streaks"],
             "grad_scaler": self.mixed_precision.state_dict(),
             "precision": self.core.precision,
+            "skipped_files": int(self.skipped_files),  # later-broken files' substitutions, so a resume keeps them
         }
         checkpoint["pixelsmith_config"] = self.core.run_config
 
@@ -603,6 +608,7 @@ class TrainingCore(L.LightningModule):
             )
         self.iteration = int(state["iteration"])
         self.images_seen = int(state["images_seen"])
+        self.skipped_files = int(state.get("skipped_files", 0))
         self._guard_from_host = {
             "nonfinite_skipped": int(state["nonfinite_skipped"]),
             "amp_overflow_skipped": int(state["amp_overflow_skipped"]),

@@ -1,9 +1,12 @@
 """Users' own images: a recursive folder of jpg/png/webp, decoded to uint8 in loader workers, resized (shorter side,
 antialiased) and center-cropped to a square resolution.
 
-An unreadable file is skipped with a warning and replaced by the next readable one so every batch keeps its size;
-each item carries a 0/1 flag that the model sums into `data/skipped_files`. With `data.on_corrupt=error` the first
-unreadable file stops the run with its path. An empty or missing folder is an error at set-up.
+Every file is decoded once at set-up (`data/image_check.py`, parallel, cached by path + mtime + size): with
+`data.on_corrupt=skip` the broken ones are warned about once each and left out, and `data/skipped_files` counts
+them (distinct files); with `error` the run stops there, before the first iteration, naming them. A file that
+breaks after the check is still skipped with a warning and replaced by the next readable one so every batch keeps
+its size (each item carries a 0/1 flag the model adds to `data/skipped_files`). An empty or missing folder is an
+error at set-up.
 """
 
 from __future__ import annotations
@@ -11,11 +14,13 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
+import numpy as np
 import torch
 from PIL import Image, ImageOps
 from torch.utils.data import Dataset
 
 from pixelsmith.data.base import ImageDataModule
+from pixelsmith.data.image_check import check_images
 from pixelsmith.errors import PixelsmithError
 
 log = logging.getLogger(__name__)
@@ -42,11 +47,26 @@ def list_images(root: str | Path, extensions: list[str]) -> list[Path]:
     return files
 
 
+# Integer modes wider than 8 bits (16-bit PNG/TIFF grey): Pillow's convert("L") clips them to 255 (a 16-bit image
+# at mid-grey came out pure white); they are scaled to 8 bits instead.
+_WIDE_INTEGER_MODES = ("I;16", "I;16B", "I;16L", "I;16N", "I")
+
+
+def _to_8bit(img: Image.Image) -> Image.Image:
+    if img.mode not in _WIDE_INTEGER_MODES:
+        return img
+    values = np.asarray(img, dtype=np.float64)
+    return Image.fromarray(np.clip(np.rint(values / 257.0), 0, 255).astype(np.uint8), mode="L")
+
+
 def decode_square(path: Path, resolution: int, channels: int) -> torch.Tensor:
-    """uint8 CHW: EXIF-oriented, converted to L/RGB, shorter side resized to `resolution`, center-cropped."""
+    """uint8 CHW: EXIF-oriented, converted to L/RGB (16-bit scaled, not clipped), shorter side resized to
+    `resolution`, center-cropped."""
     with Image.open(path) as img:
+        # JPEG can decode at 1/2, 1/4 or 1/8 scale: a 144-megapixel photo for a 64 px model then costs a few MB.
+        img.draft("RGB" if channels == 3 else "L", (2 * resolution, 2 * resolution))
         img = ImageOps.exif_transpose(img)
-        img = img.convert("L" if channels == 1 else "RGB")
+        img = _to_8bit(img).convert("L" if channels == 1 else "RGB")
         img = ImageOps.fit(img, (resolution, resolution), method=Image.Resampling.LANCZOS)
         data = torch.frombuffer(bytearray(img.tobytes()), dtype=torch.uint8)
     return data.view(resolution, resolution, channels).permute(2, 0, 1).contiguous()
@@ -101,6 +121,7 @@ class ImageFolderDataModule(ImageDataModule):
         self.extensions = list(extensions or ["jpg", "jpeg", "png", "webp"])
         self.on_corrupt = on_corrupt
         self.limit = limit
+        self.broken_files: dict[Path, str] = {}
 
     def prepare_data(self) -> None:
         list_images(self.root, self.extensions)  # fail before any process group or output exists
@@ -111,7 +132,30 @@ class ImageFolderDataModule(ImageDataModule):
         files = list_images(self.root, self.extensions)
         if self.limit:
             files = files[: self.limit]
-        self.train_set = ImageFolderDataset(files, self.resolution, self.channels, self.on_corrupt)
+        self.broken_files = check_images(
+            self.root, files, lambda path: decode_square(path, self.resolution, self.channels)
+        )
+        if self.broken_files and self.on_corrupt == "error":
+            shown = "; ".join(f"{path} ({why})" for path, why in list(self.broken_files.items())[:5])
+            more = f" and {len(self.broken_files) - 5} more" if len(self.broken_files) > 5 else ""
+            raise DataFolderError(
+                f"{len(self.broken_files)} of {len(files)} images in data.root={self.root!r} cannot be read: "
+                f"{shown}{more}. Remove or fix them, or set data.on_corrupt=skip to train on the readable ones "
+                "(each broken file is then reported once and counted in data/skipped_files)."
+            )
+        for path, why in self.broken_files.items():
+            log.warning("Skipping unreadable image %s (%s); it is left out of training.", path, why)
+        readable = [f for f in files if f not in self.broken_files]
+        if not readable:
+            raise DataFolderError(
+                f"None of the {len(files)} images in data.root={self.root!r} can be read (see the warnings above)."
+            )
+        self.train_set = ImageFolderDataset(readable, self.resolution, self.channels, self.on_corrupt)
+
+    @property
+    def skipped_file_count(self) -> int:
+        """Distinct files left out because they do not decode (the `data/skipped_files` metric starts here)."""
+        return len(self.broken_files)
 
     def reference_source(self, seed: int = 0, batch_size: int = 64):
         """(fingerprint, protocol, batch factory, image count) of the real images for FID reference statistics,
