@@ -206,3 +206,42 @@ def test_entry_point_help_runs_as_a_script():
         "style",
     ):
         assert words in result.stdout
+
+
+@pytest.mark.parametrize(
+    ("option", "message"),
+    [
+        ({"precision": "fp8"}, "precision='fp8' is unknown"),
+        ({"tile_batch": 0}, "tile_batch=0 must be at least 1"),
+        ({"thumbnail": 0}, "thumbnail=0 must be at least 16"),
+        ({"tile": 8, "overlap": 2}, "tile=8 must be at least 16"),
+        ({"alpha": 1.5}, "alpha=1.5 must be in"),
+    ],
+)
+def test_bad_options_are_one_message_not_a_traceback(fast_ckpt, tmp_path, option, message):
+    _, net = fast_ckpt
+    Image.fromarray(photo(40, 30)).save(tmp_path / "in.png")
+    kwargs = {"tile": 64, "overlap": 16, "progress": False, **option}
+    with pytest.raises(StylizeInputError, match=message):
+        stylize_paths(net, tmp_path / "in.png", tmp_path / "out.png", **kwargs)
+
+
+def test_one_unreadable_file_in_a_folder_is_skipped_reported_and_the_rest_written(
+    fast_ckpt, tmp_path, capsys
+):
+    path, _ = fast_ckpt
+    folder = tmp_path / "in"
+    folder.mkdir()
+    Image.fromarray(photo(40, 30)).save(folder / "a.png")
+    Image.fromarray(photo(40, 30, 1)).save(folder / "c.png")
+    (folder / "b.jpg").write_text("not an image")
+    Image.fromarray(photo(1, 1)).save(folder / "tiny.png")  # 1x1: too small, named rather than a traceback
+    code = main(
+        [f"ckpt_path={path}", f"input={folder}", f"output={tmp_path / 'out'}", "tile=64", "overlap=16"]
+        + ["progress=false", "device=cpu"]
+    )
+    err = capsys.readouterr().err
+    assert code == 1  # finished, but not every file: a script can tell
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["a.png", "c.png"]
+    assert "b.jpg" in err and "tiny.png" in err and "1x1: too small" in err and "2 unreadable file(s)" in err
+    assert "Traceback" not in err

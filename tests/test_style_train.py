@@ -217,6 +217,14 @@ def test_checkpoint_loads_and_stylize_runs_on_it(tmp_path, model, monkeypatch):
     expected = (expected[0].clamp(0, 1).permute(1, 2, 0).numpy() * 255).round()
     assert np.abs(result.astype(float) - expected).max() <= 1
 
+    # evaluate.py measures GANs: a style checkpoint gets one paragraph pointing at stylize.py, not a traceback.
+    from pixelsmith.errors import PixelsmithError
+    from pixelsmith.evaluate import evaluate
+
+    eval_cfg = compose_config([f"ckpt_path={ckpt}"], tmp_path / "eval", config_name="evaluate")
+    with pytest.raises(PixelsmithError, match="style-transfer checkpoint.*python stylize.py"):
+        evaluate(eval_cfg)
+
 
 def test_user_errors_are_pixelsmith_errors():
     assert issubclass(StyleImageError, PixelsmithError) and issubclass(

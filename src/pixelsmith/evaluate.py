@@ -37,6 +37,14 @@ def evaluate(cfg: DictConfig) -> dict[str, float]:
     ckpt_path = _check_resume_path(cfg.ckpt_path)
     checkpoint = load_checkpoint(ckpt_path)
     stored = OmegaConf.create(checkpoint["pixelsmith_config"])
+    target = str(stored.model.get("_target_", ""))
+    if target.startswith("pixelsmith.style."):
+        raise PixelsmithError(
+            f"{ckpt_path} is a style-transfer checkpoint (model={stored.model.get('name')}); evaluate.py measures "
+            "GANs (FID/KID/precision-recall of generated images). Apply it to photos with `python stylize.py "
+            f"ckpt_path={ckpt_path} input=<photo or folder> output=<file or folder>`; its validation metrics "
+            "(content LPIPS, style loss) are in the training run's metrics.csv."
+        )
     if OmegaConf.to_container(cfg.model, resolve=True) != OmegaConf.to_container(stored.model):
         log.warning(
             "The composed model config differs from the checkpoint's; using the checkpoint's (%s).",

@@ -196,10 +196,14 @@ class AdaptiveAugment(GANAugment):
 
     # ---- augmentation ------------------------------------------------------------------------------------------
     def _augment(self, images: Tensor) -> Tensor:
-        if self._p_bound <= 0.0:  # p is surely 0: no op can be drawn
-            return images
         p = self.p
+        # The per-sample parameters are drawn whatever happens next (a few (N,)-vectors): the random streams must
+        # not depend on the host's bound on p, or a run resumed between logging iterations (bound reset to p)
+        # would draw other latents than a straight run.
         geometric = self._geometric_matrices(images, p)
+        colour = self._colour_transform(images, p)
+        if self._p_bound <= 0.0:  # p is surely 0: no op was drawn, the images pass through untouched
+            return images
         if geometric is not None:
             matrices, applied = geometric
             images = apply_to_selected_rows(
@@ -208,7 +212,6 @@ class AdaptiveAugment(GANAugment):
                 lambda rows, index: _warp(rows, matrices if index is None else matrices[index]),
                 gather_rows=_warp_selected_rows_only(images.device),
             )
-        colour = self._colour_transform(images, p)
         if colour is not None:
             # Samples that drew no colour op get exactly gain 1 / the identity matrix and offset 0, which leaves them
             # bit-exact, so this pass needs no row selection.

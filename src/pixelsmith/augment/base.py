@@ -14,6 +14,8 @@ from collections.abc import Callable
 import torch
 from torch import Tensor, nn
 
+from pixelsmith.core.host_reads import host_reads_allowed
+
 # Half-precision grids are off by more than half a pixel at 256 px and CPU half grid_sample is unreliable, and
 # the colour statistics (means, matrix products) lose digits in bf16; so augmentation always runs in float32
 # and hands back the caller's dtype.
@@ -90,7 +92,8 @@ def apply_to_selected_rows(
     more than the saved work. Both give identical values for identical random parameters.
     """
     if gather_rows:
-        index = selected.nonzero().squeeze(1)
+        with host_reads_allowed():  # a CPU-only path (see the docstring): nothing to wait for
+            index = selected.nonzero().squeeze(1)
         if index.numel() == 0:
             return images
         if index.numel() == images.shape[0]:

@@ -36,6 +36,7 @@ from pixelsmith.config.schema import EMAConfig, OptimizerConfig, ScheduleConfig
 from pixelsmith.core.budget import TimeBudget
 from pixelsmith.core.ema import EMA
 from pixelsmith.core.fsdp import MultiNetworkFSDPStrategy
+from pixelsmith.core.host_reads import host_reads_allowed
 from pixelsmith.core.precision import MixedPrecision
 from pixelsmith.core.schedules import build_scheduler
 from pixelsmith.errors import PixelsmithError
@@ -404,6 +405,11 @@ class TrainingCore(L.LightningModule):
 
     def _record_guard(self, name: str, skip: torch.Tensor, amp_overflow: torch.Tensor | None) -> None:
         guard = self._guard_state()
+        if (
+            name not in self._guard_names
+        ):  # state built before this optimizer was known (e.g. read before fit)
+            self._guard_names.append(name)
+            guard["streaks"] = torch.cat([guard["streaks"], guard["streaks"].new_zeros(1)])
         index = self._guard_names.index(name)
         skipped = skip.long()
         overflow = amp_overflow.long() if amp_overflow is not None else torch.zeros_like(skipped)
@@ -513,14 +519,17 @@ class TrainingCore(L.LightningModule):
             budget.enabled and budget.expired(self.world_size, self.world_all_reduce, self.device)
         )
         logging = iteration % self.core.log_every_n_steps == 0
-        if logging or last:
-            # Only on logging iterations: the loggers write nothing in between, and every `self.log` call costs
-            # ~0.4 ms of Lightning bookkeeping (docs/performance.md, "Template overhead").
-            self._log_iteration(self._pending_logs)
-            self._pending_logs = {}
-        if logging or last or self._host_synced_this_iteration:
-            # Reading the guard makes the host wait for the device: only where the iteration waits anyway.
-            self._check_guard()
+        # The reads below are deliberate (train.host_sync_check lets them pass): a logging iteration, the last one
+        # (which the time budget decides, so no one can know it in advance), or one that already waited.
+        with host_reads_allowed():
+            if logging or last:
+                # Only on logging iterations: the loggers write nothing in between, and every `self.log` call costs
+                # ~0.4 ms of Lightning bookkeeping (docs/performance.md, "Template overhead").
+                self._log_iteration(self._pending_logs)
+                self._pending_logs = {}
+            if logging or last or self._host_synced_this_iteration:
+                # Reading the guard makes the host wait for the device: only where the iteration waits anyway.
+                self._check_guard()
         self._host_synced_this_iteration = False
         if last:
             if iteration < self.core.max_steps:
@@ -587,6 +596,12 @@ class TrainingCore(L.LightningModule):
             )  # this device's generator; CUDA is initialised by now, so no lazy stack
 
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        # A checkpoint reads the device anyway: a streak that reached the limit since the last logging iteration
+        # stops the run here rather than being saved, unnoticed, into a checkpoint a resume would continue from.
+        self._check_guard()
+        # Every rank saves (only rank 0 writes): the run's count of later-broken files is the sum over ranks.
+        skipped = torch.as_tensor(self.skipped_files, device=self.device).detach().clone()
+        self.world_all_reduce(skipped)
         checkpoint["pixelsmith"] = {
             "iteration": self.iteration,
             "images_seen": self.images_seen,
@@ -595,7 +610,9 @@ class TrainingCore(L.LightningModule):
             "nonfinite_streaks": guard["streaks"],
             "grad_scaler": self.mixed_precision.state_dict(),
             "precision": self.core.precision,
-            "skipped_files": int(self.skipped_files),  # later-broken files' substitutions, so a resume keeps them
+            "skipped_files": int(
+                skipped
+            ),  # later-broken files' substitutions, all ranks: a resume keeps them
         }
         checkpoint["pixelsmith_config"] = self.core.run_config
 
@@ -608,7 +625,8 @@ class TrainingCore(L.LightningModule):
             )
         self.iteration = int(state["iteration"])
         self.images_seen = int(state["images_seen"])
-        self.skipped_files = int(state.get("skipped_files", 0))
+        # The run's total, restored on rank 0 only: the logged metric sums the ranks' counts.
+        self.skipped_files = int(state.get("skipped_files", 0)) if self.global_rank == 0 else 0
         self._guard_from_host = {
             "nonfinite_skipped": int(state["nonfinite_skipped"]),
             "amp_overflow_skipped": int(state["amp_overflow_skipped"]),

@@ -55,13 +55,18 @@ def check_images(
     verdicts: dict[str, list] = cached.get("files", {})
 
     def verdict(path: Path) -> tuple[str, list]:
-        stamp = _stamp(path)
+        try:
+            stamp = _stamp(path)
+        except OSError as err:  # deleted or unreadable since it was listed
+            return str(path), [0, 0, f"{type(err).__name__}: {err}"[:300]]
         known = verdicts.get(str(path))
         if known is not None and known[:2] == stamp:
             return str(path), known
         try:
             decode(path)
             return str(path), [*stamp, ""]
+        except MemoryError:
+            raise  # the machine's state, not the file's: never cache it as "broken"
         except Exception as err:  # Pillow raises many types for bad files; all mean "unreadable"
             return str(path), [*stamp, f"{type(err).__name__}: {err}"[:300]]
 

@@ -124,17 +124,24 @@ class ImageFolderDataModule(ImageDataModule):
         self.broken_files: dict[Path, str] = {}
 
     def prepare_data(self) -> None:
-        list_images(self.root, self.extensions)  # fail before any process group or output exists
+        # Once per machine, before any process group or output exists: list (an empty folder fails here) and check
+        # every file, so each rank's setup() below reads the same verdicts from the cache instead of decoding all.
+        self._check(self._files())
+
+    def _files(self) -> list[Path]:
+        files = list_images(self.root, self.extensions)
+        return files[: self.limit] if self.limit else files
+
+    def _check(self, files: list[Path]) -> dict[Path, str]:
+        return check_images(
+            self.root, files, lambda path: decode_square(path, self.resolution, self.channels)
+        )
 
     def setup(self, stage: str | None = None) -> None:
         if self.train_set is not None:
             return
-        files = list_images(self.root, self.extensions)
-        if self.limit:
-            files = files[: self.limit]
-        self.broken_files = check_images(
-            self.root, files, lambda path: decode_square(path, self.resolution, self.channels)
-        )
+        files = self._files()
+        self.broken_files = self._check(files)
         if self.broken_files and self.on_corrupt == "error":
             shown = "; ".join(f"{path} ({why})" for path, why in list(self.broken_files.items())[:5])
             more = f" and {len(self.broken_files) - 5} more" if len(self.broken_files) > 5 else ""

@@ -236,8 +236,9 @@ class StaticGraphStep:
 
 class GraphedPlainGAN:
     """The plain GAN iteration as CUDA graphs: one without R1 and one with it (lazy R1 runs every `r1_interval`
-    iterations, StyleGAN2-ADA's Dreg), both over the same static batch buffer. The EMA's beta is captured at its
-    value at capture time (constant after the ramp-up). fp16's GradScaler is not capture-safe (it decides on the
+    iterations, StyleGAN2-ADA's Dreg), both over the same static batch buffer. The EMA's beta is fixed at its value
+    at capture time (a few iterations in, still in the ramp-up): only the EMA's values differ from the plain loop,
+    not the work per iteration, which is what the benchmark times. fp16's GradScaler is not capture-safe (it decides on the
     host whether to step), so graphs run in bf16-mixed or 32-true."""
 
     def __init__(self, gan: PlainGAN, example: torch.Tensor, capture: bool):

@@ -94,6 +94,11 @@ def read_image(path: str | Path, *, keep_alpha: bool = False, high_bit_depth: st
             image.load()
     except ImageReadError:
         raise
+    except Image.DecompressionBombError as error:
+        raise ImageReadError(
+            f"{path} was refused as a possible decompression bomb ({error}). If the file is trusted, raise Pillow's "
+            "limit (PIL.Image.MAX_IMAGE_PIXELS) in your own script before calling stylize."
+        ) from error
     except (UnidentifiedImageError, OSError, ValueError, SyntaxError) as error:
         raise ImageReadError(f"Could not read {path} as an image: {error}") from error
 

@@ -35,6 +35,7 @@ import torch
 from PIL import Image
 from torch import nn
 
+from pixelsmith.core.precision import AUTOCAST_DTYPES
 from pixelsmith.style.data import (
     IMAGE_EXTENSIONS,
     ImageNotFoundError,
@@ -154,6 +155,17 @@ def prepare_stylizer(
 # -------------------------------------------------------------------------------------------------- paths
 
 
+MIN_SIDE = 16  # smallest image side (and tile) the stylizers' padding and downsampling handle
+
+
+class SkippedImagesError(StylizeInputError):
+    """A folder run finished but some files could not be read; `written` and `skipped` list both."""
+
+    def __init__(self, written: list[Path], skipped: list[Path]):
+        super().__init__(f"{len(skipped)} unreadable file(s) skipped: {', '.join(map(str, skipped))}")
+        self.written, self.skipped = written, skipped
+
+
 def _is_image(path: Path) -> bool:
     return path.suffix.lower() in IMAGE_EXTENSIONS
 
@@ -238,10 +250,24 @@ def stylize_paths(
         )
     if high_bit_depth not in ("convert", "refuse"):
         raise StylizeInputError(f"high_bit_depth={high_bit_depth!r}; choose convert or refuse.")
+    if precision not in AUTOCAST_DTYPES:
+        raise StylizeInputError(
+            f"precision={precision!r} is unknown; choose one of {', '.join(AUTOCAST_DTYPES)}."
+        )
+    for name, value, least in (
+        ("tile", tile, MIN_SIDE),
+        ("tile_batch", tile_batch, 1),
+        ("thumbnail", thumbnail, 16),
+    ):
+        if value < least:
+            raise StylizeInputError(f"{name}={value} must be at least {least} (default: see --help).")
+    if not 0.0 <= alpha <= 1.0:
+        raise StylizeInputError(f"alpha={alpha} must be in [0, 1] (1 = full style, 0 = the content image).")
     device = resolve_device(device)
     stylizer = prepare_stylizer(model, style, alpha, style_size)
     pairs = plan_outputs(Path(inputs), Path(output))
     written: list[Path] = []
+    skipped: list[Path] = []
 
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
@@ -252,11 +278,25 @@ def stylize_paths(
             if target.exists() and not overwrite:
                 bar.advance(files_task)
                 continue
-            image = read_image(source, keep_alpha=transparency != "drop", high_bit_depth=high_bit_depth)
-            if image.alpha is not None and transparency == "refuse":
-                raise ImageReadError(
-                    f"{source} has an alpha channel and transparency=refuse; use keep or drop."
-                )
+            try:
+                image = read_image(source, keep_alpha=transparency != "drop", high_bit_depth=high_bit_depth)
+                if image.alpha is not None and transparency == "refuse":
+                    raise ImageReadError(
+                        f"{source} has an alpha channel and transparency=refuse; use keep or drop."
+                    )
+                height, width = image.rgb.shape[:2]
+                if min(height, width) < MIN_SIDE:
+                    raise ImageReadError(
+                        f"{source} is {width}x{height}: too small to stylize (at least {MIN_SIDE} px a side)."
+                    )
+            except ImageReadError as error:
+                if len(pairs) == 1:
+                    raise
+                # One bad file must not abort a folder: report it, go on, and say so at the end.
+                print(f"skipped: {error}", file=sys.stderr)
+                skipped.append(source)
+                bar.advance(files_task)
+                continue
             tiles_task = bar.add_task(f"{source.name} {image.rgb.shape[1]}x{image.rgb.shape[0]}", total=None)
 
             def on_tiles_done(done: int, total: int, task=tiles_task) -> None:
@@ -278,6 +318,8 @@ def stylize_paths(
             bar.remove_task(tiles_task)
             bar.advance(files_task)
             written.append(target)
+    if skipped:
+        raise SkippedImagesError(written, skipped)
     return written
 
 
@@ -425,6 +467,13 @@ def main(argv: Sequence[str] | None = None) -> int:
                 progress=options.progress,
             )
             print(f"wrote {len(written)} image(s) to {options.output} in {time.perf_counter() - start:.1f} s")
+    except SkippedImagesError as error:
+        print(
+            f"wrote {len(error.written)} image(s) to {options.output}; {len(error.skipped)} unreadable file(s) "
+            f"skipped (listed above): {', '.join(p.name for p in error.skipped[:10])}",
+            file=sys.stderr,
+        )
+        return 1
     except (StylizeInputError, CheckpointFormatError, ImageReadError, FileNotFoundError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
