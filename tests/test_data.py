@@ -67,23 +67,26 @@ def test_training_on_an_image_folder_counts_skipped_files(make_cfg, tmp_path):
     folder = tmp_path / "images"
     _write_images(folder, 12)
     (folder / "img_003.png").write_bytes(b"garbage")
-    cfg = make_cfg(
-        "data=image_folder",
-        f"data.root={folder}",
-        "data.resolution=16",
-        "data.batch_size=4",
+    assert _skipped_files_per_iteration(make_cfg, tmp_path, folder, batch=4, steps=3) == [
+        1.0,
+        1.0,
+        1.0,
+    ]  # the one broken file, counted once, from the first iteration on
+
+
+def _skipped_files_per_iteration(make_cfg, tmp_path, folder, batch: int, steps: int) -> list[float]:
+    """Train on an image folder, logging every iteration; the data/skipped_files series from metrics.csv."""
+    overrides = ["data=image_folder", f"data.root={folder}", "data.resolution=16", f"data.batch_size={batch}"]
+    overrides += [
         "data.num_workers=1",
-        "max_steps=3",
+        f"max_steps={steps}",
         "train.log_every_n_steps=1",
         "precision=32-true",
-    )
-    metrics = run(cfg)
-    assert metrics["iteration"] == 3
+    ]
+    assert run(make_cfg(*overrides))["iteration"] == steps
     with open(tmp_path / "run" / "metrics.csv") as handle:
-        skipped = [
-            float(r["data/skipped_files"]) for r in csv.DictReader(handle) if r.get("data/skipped_files")
-        ]
-    assert skipped == [1.0, 1.0, 1.0]  # the one broken file, counted once, from the first iteration on
+        rows = list(csv.DictReader(handle))
+    return [float(r["data/skipped_files"]) for r in rows if r.get("data/skipped_files")]
 
 
 def _new_user_folder(folder):
@@ -121,22 +124,7 @@ def test_a_new_users_folder_skips_exactly_the_broken_files_once(make_cfg, tmp_pa
     monkeypatch.setenv("PIXELSMITH_CACHE", str(tmp_path / "cache"))
     folder = tmp_path / "images"
     broken = _new_user_folder(folder)
-    cfg = make_cfg(
-        "data=image_folder",
-        f"data.root={folder}",
-        "data.resolution=16",
-        "data.batch_size=8",
-        "data.num_workers=1",
-        "max_steps=10",
-        "train.log_every_n_steps=1",
-        "precision=32-true",
-    )
-    metrics = run(cfg)
-    assert metrics["iteration"] == 10
-    with open(tmp_path / "run" / "metrics.csv") as handle:
-        skipped = [
-            float(r["data/skipped_files"]) for r in csv.DictReader(handle) if r.get("data/skipped_files")
-        ]
+    skipped = _skipped_files_per_iteration(make_cfg, tmp_path, folder, batch=8, steps=10)
     assert skipped == [5.0] * 10  # distinct files, not every re-read of them (the issue saw 84)
     warned = [r.getMessage() for r in caplog.records if "Skipping unreadable image" in r.getMessage()]
     names = [m.removeprefix("Skipping unreadable image ").split(" (")[0].rsplit("/", 1)[-1] for m in warned]

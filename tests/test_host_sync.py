@@ -151,3 +151,20 @@ def test_a_last_iteration_the_time_budget_decides_passes_the_check(make_cfg, che
     assert metrics["iteration"] == 4 and metrics["stop_reason"] == "time_budget"
     (check,) = checks
     assert check.checked == 3 and check.events == []  # 1, 2, 3 (3 turned out to be the last)
+
+
+def test_the_progress_bar_reads_its_metrics_only_at_logging_iterations(make_cfg, monkeypatch):
+    """Lightning's rich bar converts its metrics with .item() on every batch (a GPU sync per iteration)."""
+    from pixelsmith.callbacks.progress import IterationProgressBar
+
+    reads = []
+    original = IterationProgressBar.get_metrics
+
+    def counting(self, trainer, pl_module):
+        reads.append(pl_module.iteration)
+        return original(self, trainer, pl_module)
+
+    monkeypatch.setattr(IterationProgressBar, "get_metrics", counting)
+    run(make_cfg("train.progress_bar=true", "train.log_every_n_steps=3", "max_steps=7"))
+    # 7 is read twice: at its batch end (the last iteration) and at the epoch end after training.
+    assert {i for i in reads if i > 0} == {3, 6, 7}
