@@ -75,6 +75,23 @@ def test_ddp_on_two_cpu_processes_keeps_ranks_identical_and_one_output_dir(tmp_p
     assert single["precision"] == pytest.approx(history[-1]["precision"], abs=1e-9)
 
 
+# Values that change nothing in a 2-step run, long enough together to exceed a 255-byte file name.
+LONG_OVERRIDES = [
+    ("nonfinite_max_consecutive", 21),
+    ("keep_checkpoints", 4),
+    ("sample_every_n_steps", 1000),
+    ("checkpoint_every_n_steps", 1000),
+    ("log_every_n_steps", 10),
+    ("host_sync_check", "off"),
+    ("auto_resume", "true"),
+    ("overwrite", "false"),
+    ("preemption.requeue", "true"),
+    ("time_budget_minutes", "null"),
+    ("clip_grad_norm", "null"),
+    ("progress_bar", "false"),
+]
+
+
 @pytest.mark.slow
 def test_multirun_runs_each_job_in_its_own_dir_and_survives_a_failing_job(tmp_path):
     sweep = tmp_path / "sweep"
@@ -87,6 +104,10 @@ def test_multirun_runs_each_job_in_its_own_dir_and_survives_a_failing_job(tmp_pa
             "precision=32-true,bf16-mixed",
             "max_steps=2,0",
             *SMALL_DCGAN,
+            # A path value and many overrides: job dirs named from the overrides nested on the first and hit
+            # "File name too long" on the second. Job dirs are numbered; the overrides are recorded inside.
+            f"paths.root_dir={tmp_path}/some/nested/root",
+            *[f"train.{key}={value}" for key, value in LONG_OVERRIDES],
             f"hydra.sweep.dir={sweep}",
         ],
         timeout=900,
@@ -97,9 +118,11 @@ def test_multirun_runs_each_job_in_its_own_dir_and_survives_a_failing_job(tmp_pa
     ok = [j for j in jobs if (j / "result.json").exists()]
     failed = [j for j in jobs if (j / "failed.json").exists()]
     assert len(ok) == 2 and len(failed) == 2
+    assert sorted(j.name for j in jobs) == ["0", "1", "2", "3"]
     for job in ok:
         assert (job / "checkpoints" / "last.ckpt").exists()
-        assert "max_steps=2" in job.name
+        assert "max_steps=2" in json.loads((job / "result.json").read_text())["overrides"]
+        assert "max_steps=2" in (job / ".hydra" / "overrides.yaml").read_text()
     for job in failed:
         assert "max_steps=0 must be at least 1" in json.loads((job / "failed.json").read_text())["error"]
     results = [json.loads((j / "result.json").read_text()) for j in ok]

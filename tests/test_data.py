@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import csv
+import os
+import re
 import struct
 import zlib
 
@@ -247,3 +249,73 @@ def test_training_with_data_on_the_device_equals_the_dataloader_run(make_cfg, tm
     assert seen == [DeviceResidentBatches.__name__, "DataLoader"]
     for key in ("loss/D", "loss/G"):
         assert results[True][key] == results[False][key], key  # bit-identical batches, so identical training
+
+
+def test_a_large_png_is_decoded_once_to_the_training_size_and_cached(tmp_path, monkeypatch):
+    """A huge non-JPEG image was decoded in full on every draw (a 144-megapixel PNG: 2.2 GB each time)."""
+    from pixelsmith.data import image_folder
+
+    monkeypatch.setattr(image_folder, "LARGE_IMAGE_PIXELS", 100 * 100)
+    path = tmp_path / "big.png"
+    gradient = np.tile(np.arange(256, dtype=np.uint8), (160, 1))[:, :200]
+    Image.fromarray(np.stack([gradient] * 3, axis=-1)).save(path)
+    small = tmp_path / "small.png"
+    Image.fromarray(gradient[:50, :50]).save(small)
+    cache = tmp_path / "cache"
+
+    first = image_folder.decode_cached(path, 16, 3, cache_dir=cache)
+    assert torch.equal(first, image_folder.decode_square(path, 16, 3))
+    assert len(list(cache.glob("*.npy"))) == 1
+    decodes = []
+    original = image_folder.decode_square
+    monkeypatch.setattr(image_folder, "decode_square", lambda *a: decodes.append(a) or original(*a))
+    assert torch.equal(image_folder.decode_cached(path, 16, 3, cache_dir=cache), first)
+    assert decodes == []  # read from the cache, not decoded again
+    image_folder.decode_cached(small, 16, 3, cache_dir=cache)  # small files are not cached
+    assert len(decodes) == 1 and len(list(cache.glob("*.npy"))) == 1
+    image_folder.decode_cached(path, 8, 3, cache_dir=cache)  # another training size is another square
+    assert len(list(cache.glob("*.npy"))) == 2
+    os.utime(path, ns=(1, 1))  # the file changed: decoded again
+    image_folder.decode_cached(path, 16, 3, cache_dir=cache)
+    assert len(decodes) == 3
+
+
+def test_a_killed_loader_worker_ends_the_run_with_one_paragraph_naming_it(
+    make_cfg, tmp_path, monkeypatch, caplog
+):
+    """A worker killed mid-run (the out-of-memory killer's way): the run stops with exit status 2 and one paragraph
+    that says a data-loader worker died, its pid and signal, and the fix; no traceback."""
+    import signal
+
+    from pixelsmith.data import image_folder
+    from pixelsmith.entry import guarded_run
+
+    folder = tmp_path / "images"
+    _write_images(folder, 12)
+    parent = os.getpid()
+    original = image_folder.decode_cached
+
+    def decode_then_die(path, *args):
+        if os.getpid() != parent and path.name == "img_005.png":
+            os.kill(
+                os.getpid(), signal.SIGKILL
+            )  # in the worker only: the check at set-up runs in this process
+        return original(path, *args)
+
+    monkeypatch.setattr(image_folder, "decode_cached", decode_then_die)
+    cfg = make_cfg(
+        "data=image_folder",
+        f"data.root={folder}",
+        "data.resolution=16",
+        "data.batch_size=4",
+        "data.num_workers=1",
+        "max_steps=6",
+        "precision=32-true",
+    )
+    with pytest.raises(SystemExit) as info:
+        guarded_run(run, cfg, objective="loss/G")
+    assert info.value.code == 2
+    message = caplog.text
+    # torch says "is killed by signal: Killed" or "exited unexpectedly", depending on which of its checks saw it.
+    assert re.search(r"A data-loader worker died: DataLoader worker \(pid(\(s\))? \d+\)", message), message
+    assert "data.num_workers=0" in message and "Traceback" not in message

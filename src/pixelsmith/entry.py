@@ -1,7 +1,8 @@
 """What every Hydra entry point does around its job: one-paragraph errors, and multirun jobs that fail alone.
 
 A PixelsmithError (bad config value, missing file or weights, impossible hardware request) is logged as its message,
-without a traceback, and the process exits with status 2. In a multirun the failing job writes `failed.json` in its
+without a traceback, and the process exits with status 2. A run ended by a preemption signal (core/preemption.py)
+exits with 128 + the signal's number once its last.ckpt is written. In a multirun the failing job writes `failed.json` in its
 dir and returns NaN so the other jobs still run; `pixelsmith.sweep_summary` tabulates them at the end.
 """
 
@@ -11,6 +12,7 @@ import json
 import logging
 import math
 import os
+import re
 import sys
 import traceback
 from collections.abc import Callable
@@ -22,7 +24,9 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
+from pixelsmith.core.preemption import RunPreempted
 from pixelsmith.errors import PixelsmithError
+from pixelsmith.launch import started_by_lightning_launcher
 
 log = logging.getLogger("pixelsmith")
 
@@ -40,6 +44,10 @@ class GPUFailureError(PixelsmithError, RuntimeError):
 
 # Where a traceback passes when the failure is torch.compile's (tracing, AOTAutograd, inductor's generated code).
 _COMPILER_PATHS = ("/torch/_dynamo/", "/torch/_inductor/", "/torch/_functorch/", "torchinductor_")
+
+
+# torch's messages when a DataLoader worker process ends abnormally (killed, segfault, exit).
+_DEAD_WORKER = re.compile(r"DataLoader worker \(pid\(?s?\)? [\d, ]+\)[^\n]*")
 
 
 def _frames(err: BaseException) -> list[str]:
@@ -72,7 +80,17 @@ def explain_failure(err: BaseException, cfg: DictConfig) -> GPUFailureError | No
         root = inner
     first_line = (str(root).strip().splitlines() or [""])[0][:300]
     cause = type(err).__name__ if root is err else f"{type(err).__name__} <- {type(root).__name__}"
-    if _is_out_of_memory(err):
+    worker = _DEAD_WORKER.search(str(err))
+    if worker is not None:
+        message = (
+            f"A data-loader worker died: {worker.group(0).rstrip('. ')} ({type(err).__name__}). Workers load and "
+            "decode the training images in processes of their own (data.num_workers); one that is killed (SIGKILL "
+            "is most often the out-of-memory killer: each worker holds its own copy of the dataset's buffers) ends "
+            "the run. Fix: fewer workers (data.num_workers=1, or 0 to load in the training process and see the "
+            "real error), or a smaller data.batch_size; a worker that crashed on one file shows that file with "
+            "data.num_workers=0."
+        )
+    elif _is_out_of_memory(err):
         batch = OmegaConf.select(cfg, "data.batch_size")
         accumulate = OmegaConf.select(cfg, "accumulate", default=1)
         message = (
@@ -110,6 +128,13 @@ def guarded_run(job: Callable[[DictConfig], dict[str, Any]], cfg: DictConfig, ob
             if explained is None:
                 raise
             raise explained from err
+    except RunPreempted as err:
+        log.warning("%s", err)
+        if _is_multirun():
+            _record(output_dir, {"status": "preempted", "error": str(err)})
+        # A rank Lightning's own launcher started exits 0: rank 0 watches its children and kills every process when
+        # one exits non-zero, which could cut rank 0's last writes short. Rank 0 carries the status.
+        sys.exit(0 if started_by_lightning_launcher() else err.exit_code)
     except PixelsmithError as err:
         log.error("%s", err)
         if _is_multirun():

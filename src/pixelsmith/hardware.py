@@ -17,6 +17,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from pixelsmith.config.schema import PRECISIONS, STRATEGIES, HardwareConfig
 from pixelsmith.errors import PixelsmithError
+from pixelsmith.launch import launch_topology
 from pixelsmith.paths import CONF_DIR
 
 log = logging.getLogger(__name__)
@@ -224,7 +225,22 @@ def resolve_plan(
     devices = profile.devices or 1
     if devices < 1:
         raise HardwareError(f"hardware.devices={devices} must be at least 1.")
-    if accelerator == "cuda" and devices > torch.cuda.device_count():
+    num_nodes = profile.num_nodes
+    launched = launch_topology()
+    if launched is not None:
+        # torchrun or SLURM started the ranks: their count wins, so one config runs under every launcher.
+        if (devices, num_nodes) not in ((1, 1), (launched.processes_per_node, launched.num_nodes)):
+            log.warning(
+                "hardware.devices=%d hardware.num_nodes=%d, but %s started %d node(s) x %d process(es): "
+                "using the launcher's numbers.",
+                devices,
+                num_nodes,
+                launched.launcher,
+                launched.num_nodes,
+                launched.processes_per_node,
+            )
+        devices, num_nodes = launched.processes_per_node, launched.num_nodes
+    if accelerator == "cuda" and launched is None and devices > torch.cuda.device_count():
         raise HardwareError(
             f"hardware.devices={devices} but only {torch.cuda.device_count()} CUDA device(s) are visible; "
             f"set hardware.devices={torch.cuda.device_count()} or check CUDA_VISIBLE_DEVICES."
@@ -233,9 +249,9 @@ def resolve_plan(
         raise HardwareError(
             f"hardware.num_threads={profile.num_threads} must be at least 1 (or null for torch's default)."
         )
-    if devices > 1 and strategy == "auto":
+    if devices * num_nodes > 1 and strategy == "auto":
         strategy = "ddp"
-    if strategy == "fsdp" and devices * profile.num_nodes == 1:
+    if strategy == "fsdp" and devices * num_nodes == 1:
         log.warning(
             "strategy=fsdp with one process shards nothing (each rank would hold 1/1 of the weights); "
             "set hardware.devices=N for N GPUs."
@@ -245,7 +261,7 @@ def resolve_plan(
         profile=profile_name,
         accelerator=accelerator,
         devices=devices,
-        num_nodes=profile.num_nodes,
+        num_nodes=num_nodes,
         precision=resolved_precision,
         strategy=strategy,
         process_group_backend=process_group_backend or ("nccl" if accelerator == "cuda" else "gloo"),

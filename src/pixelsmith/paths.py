@@ -28,6 +28,8 @@ from pathlib import Path
 
 from omegaconf import OmegaConf
 
+from pixelsmith.launch import register_launch_resolvers
+
 PACKAGE_DIR = Path(__file__).resolve().parent
 _CHECKOUT = PACKAGE_DIR.parents[1]  # the clone's root if this is <clone>/src/pixelsmith
 REPO_ROOT: Path | None = (
@@ -48,9 +50,11 @@ ASSETS_DIR = PACKAGE_DIR / "assets"
 
 
 def register_resolvers() -> None:
-    """`${pixelsmith.data_dir:}` = DATA_DIR (as a string), for configs that point at the embedded data."""
+    """`${pixelsmith.data_dir:}` = DATA_DIR (as a string), for configs that point at the embedded data; and the
+    launch resolvers of conf/hydra/default.yaml (`pixelsmith.launch`)."""
     if not OmegaConf.has_resolver("pixelsmith.data_dir"):
         OmegaConf.register_new_resolver("pixelsmith.data_dir", lambda: str(DATA_DIR))
+    register_launch_resolvers()  # the run dir's stamp, per-rank log file and .hydra
 
 
 register_resolvers()

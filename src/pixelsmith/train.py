@@ -26,12 +26,15 @@ from pixelsmith.config.validate import validate_config
 from pixelsmith.core.budget import TimeBudget
 from pixelsmith.core.fsdp import MultiNetworkFSDPStrategy
 from pixelsmith.core.module import CoreSettings
+from pixelsmith.core.preemption import RunPreempted, requeue_slurm_job
 from pixelsmith.core.strategy import MultiNetworkDDPStrategy
 from pixelsmith.errors import PixelsmithError
 from pixelsmith.hardware import RuntimePlan, apply_backend_settings, resolve_plan
+from pixelsmith.launch import die_with_parent, started_by_lightning_launcher, under_slurm_job
 from pixelsmith.perf import build_callbacks as build_perf_callbacks
 from pixelsmith.perf import prepare_run as prepare_perf
 from pixelsmith.perf.switches import resolve_switches
+from pixelsmith.run_dir import claim_run_dir
 
 log = logging.getLogger(__name__)
 
@@ -85,6 +88,7 @@ def build_core_settings(cfg: DictConfig, plan: RuntimePlan) -> CoreSettings:
         run_config=run_config,
         # The clock starts here: set-up and the evaluations during training count, the final ones come after.
         time_budget=TimeBudget(_budget_for(cfg, plan)),
+        preemption_signals=tuple(cfg.train.preemption.signals),
     )
 
 
@@ -182,6 +186,44 @@ def build_trainer(cfg: DictConfig, plan: RuntimePlan) -> L.Trainer:
     )
 
 
+class RankDiedError(PixelsmithError, RuntimeError):
+    """Another rank of this run died; the collectives that waited for it failed. Names the rank."""
+
+    def __init__(self, dead: list[tuple[int, int, int]], output_dir: Path):
+        described = "; ".join(
+            f"rank {rank} (pid {pid}) {_exit_description(code)}" for rank, pid, code in dead
+        )
+        last = output_dir / "checkpoints" / "last.ckpt"
+        resume = f"resume with ckpt_path={last}" if last.is_file() else "no checkpoint had been written yet"
+        super().__init__(
+            f"A rank of this run died: {described}. The other ranks were waiting for it in a collective and are "
+            f"stopped. A rank killed by SIGKILL was most often ended by the out-of-memory killer (dmesg, or the "
+            f"scheduler's log, says so): use a smaller data.batch_size or fewer data.num_workers; then {resume}."
+        )
+
+
+def _exit_description(code: int) -> str:
+    if code < 0:
+        import signal
+
+        return f"was killed by {signal.Signals(-code).name}"
+    return f"exited with status {code}"
+
+
+def dead_ranks_of(trainer: L.Trainer) -> list[tuple[int, int, int]]:
+    """(rank, pid, exit code) of the ranks Lightning's own launcher started that have ended with a failure."""
+    procs = getattr(trainer.strategy.launcher, "procs", None) or []
+    dead = []
+    for rank, proc in enumerate(procs, start=1):
+        try:
+            proc.wait(timeout=2)  # a rank whose peer died fails fast; give the dead one's exit time to land
+        except Exception:
+            continue
+        if proc.returncode:
+            dead.append((rank, proc.pid, proc.returncode))
+    return dead
+
+
 def _check_resume_path(ckpt_path: str | None) -> str | None:
     if ckpt_path is None:
         return None
@@ -226,10 +268,22 @@ def run(cfg: DictConfig) -> dict[str, Any]:
 
 
 def _fit(cfg: DictConfig) -> dict[str, Any]:
+    if started_by_lightning_launcher():
+        die_with_parent()  # rank 0 watches its ranks; this makes them follow rank 0 if it dies
     _quiet_library_logging()
     validate_config(cfg)  # ranges, before anything is written
     plan = build_plan(cfg)
-    ckpt_path = _check_resume_path(cfg.get("ckpt_path"))
+    output_dir = Path(cfg.paths.output_dir)
+    # Before anything is written: lock the run dir, refuse one another run owns, or resume the run it holds.
+    claim = claim_run_dir(output_dir, cfg.get("ckpt_path"), cfg.train.auto_resume, cfg.train.overwrite)
+    try:
+        return _fit_in(cfg, plan, output_dir, claim.ckpt_path)
+    finally:
+        claim.release()
+
+
+def _fit_in(cfg: DictConfig, plan: RuntimePlan, output_dir: Path, ckpt_path: str | None) -> dict[str, Any]:
+    ckpt_path = _check_resume_path(ckpt_path)
     apply_backend_settings(plan)
     if plan.compile:
         # Dynamo's caches outlive a run: in an in-process sweep, later jobs' networks would hit the recompile limit
@@ -237,7 +291,6 @@ def _fit(cfg: DictConfig) -> dict[str, Any]:
         torch._dynamo.reset()
     prepare_perf(cfg, plan)  # memory switches; auto batch size may rewrite cfg.data.batch_size
     L.seed_everything(cfg.seed, workers=True, verbose=False)
-    output_dir = Path(cfg.paths.output_dir)
     core = build_core_settings(cfg, plan)
     datamodule = build_datamodule(cfg, plan)
     model = build_model(cfg, core)
@@ -246,11 +299,13 @@ def _fit(cfg: DictConfig) -> dict[str, Any]:
         output_dir.mkdir(parents=True, exist_ok=True)
         (output_dir / "config_resolved.yaml").write_text(OmegaConf.to_yaml(OmegaConf.create(core.run_config)))
         log.info(
-            "Run plan: profile=%s device=%s precision=%s strategy=%s devices=%d batch=%s accumulate=%d -> %s",
+            "Run plan: profile=%s device=%s precision=%s strategy=%s nodes=%d devices=%d batch=%s accumulate=%d "
+            "-> %s",
             plan.profile,
             plan.device_name,
             plan.precision,
             plan.strategy,
+            plan.num_nodes,
             plan.devices,
             cfg.data.batch_size or plan.batch_size,
             cfg.accumulate,
@@ -263,14 +318,26 @@ def _fit(cfg: DictConfig) -> dict[str, Any]:
                 cfg.max_steps,
                 core.time_budget.minutes,
             )
-    trainer.fit(model, datamodule=datamodule, ckpt_path=ckpt_path, weights_only=True)
+    try:
+        trainer.fit(model, datamodule=datamodule, ckpt_path=ckpt_path, weights_only=True)
+    except Exception as err:
+        dead = dead_ranks_of(trainer)
+        if not dead:
+            raise
+        raise RankDiedError(dead, output_dir) from err
     metrics = {
         k: float(v) for k, v in trainer.callback_metrics.items() if torch.is_tensor(v) and v.numel() == 1
     }
     metrics["iteration"] = float(model.iteration)
     budget = core.time_budget
     # Why training ended, next to how far it got: "max_steps" or "time_budget" (train.time_budget_minutes).
-    metrics["stop_reason"] = "time_budget" if budget.stopped_at_iteration is not None else "max_steps"
+    metrics["stop_reason"] = (
+        "preempted"
+        if model.preempted_by is not None
+        else "time_budget"
+        if budget.stopped_at_iteration is not None
+        else "max_steps"
+    )
     if budget.enabled:
         metrics["train/time_budget_minutes"] = float(budget.minutes)
     if budget.elapsed_at_stop_s is not None:
@@ -282,4 +349,8 @@ def _fit(cfg: DictConfig) -> dict[str, Any]:
             metrics.update(callback.final_metrics())
     if trainer.is_global_zero:
         (output_dir / "final_metrics.json").write_text(json.dumps(metrics, indent=2, sort_keys=True))
+    if model.preempted_by is not None:
+        if trainer.is_global_zero and cfg.train.preemption.requeue and under_slurm_job():
+            requeue_slurm_job()
+        raise RunPreempted(model.preempted_by, model.iteration, str(output_dir / "checkpoints" / "last.ckpt"))
     return metrics

@@ -62,6 +62,8 @@ class IterationCheckpoint(Callback):
             trainer.save_checkpoint(tmp, weights_only=False)
             if trainer.is_global_zero:
                 self._publish(tmp, iteration, periodic)
+            # No rank runs ahead (and, after a preemption, exits) before rank 0 has published the file.
+            trainer.strategy.barrier("checkpoint-published")
         except OSError as err:
             if trainer.is_global_zero:
                 tmp.unlink(missing_ok=True)

@@ -211,7 +211,8 @@ class GANEvaluation(Callback):
             self._evaluate(trainer, pl_module)
 
     def on_train_end(self, trainer, pl_module) -> None:
-        if self.enabled:
+        # Not after a preemption signal: the grace period is for last.ckpt, and an evaluation can outlast it.
+        if self.enabled and getattr(pl_module, "preempted_by", None) is None:
             self._evaluate(trainer, pl_module)
 
     def state_dict(self) -> dict[str, Any]:

@@ -107,7 +107,8 @@ class StyleValidation(Callback):
             self._validate(trainer, pl_module)
 
     def on_train_end(self, trainer, pl_module) -> None:
-        if self.every_n_steps > 0:
+        # Not after a preemption signal: the grace period is for last.ckpt.
+        if self.every_n_steps > 0 and getattr(pl_module, "preempted_by", None) is None:
             self._validate(trainer, pl_module)
 
     def state_dict(self) -> dict[str, Any]:

@@ -228,6 +228,18 @@ class AdaINModelConfig(StyleModelConfig):
 
 
 @dataclass
+class PreemptionConfig:
+    """Signals that end the run after the current iteration with last.ckpt, exiting 128 + signal (core/preemption.py)."""
+
+    signals: list[str] = field(
+        default_factory=lambda: ["SIGTERM", "SIGUSR1", "SIGUSR2"]
+    )  # [] keeps the default handlers
+    requeue: bool = (
+        True  # under SLURM: `scontrol requeue` the job (it comes back to the same run dir and resumes)
+    )
+
+
+@dataclass
 class TrainLoopConfig:
     """Loop settings shared by every model: clipping, non-finite guard, logging, samples, checkpoints."""
 
@@ -244,6 +256,12 @@ class TrainLoopConfig:
     # off | warn | error: iterations that log nothing must not make the host wait for the device
     # (callbacks/host_sync.py; CUDA's sync debug mode on a GPU, a count of syncing ops everywhere)
     host_sync_check: str = "off"
+    # Resume from <run dir>/checkpoints/last.ckpt when the run dir has one and no ckpt_path is given (a requeued
+    # SLURM job, a restarted Kubernetes pod, a torchrun restart, a rerun with the same hydra.run.dir).
+    auto_resume: bool = True
+    # Start in a run dir that holds another run's outputs but no last.ckpt to resume from (they are overwritten).
+    overwrite: bool = False
+    preemption: PreemptionConfig = field(default_factory=lambda: PreemptionConfig())
 
 
 @dataclass

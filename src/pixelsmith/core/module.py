@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import logging
 import random
+import signal
 import time
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager, nullcontext
@@ -38,6 +39,7 @@ from pixelsmith.core.ema import EMA
 from pixelsmith.core.fsdp import MultiNetworkFSDPStrategy
 from pixelsmith.core.host_reads import host_reads_allowed
 from pixelsmith.core.precision import MixedPrecision
+from pixelsmith.core.preemption import PreemptionSignals
 from pixelsmith.core.schedules import build_scheduler
 from pixelsmith.errors import PixelsmithError
 
@@ -69,6 +71,8 @@ class CoreSettings:
     run_config: dict[str, Any] | None = None  # the resolved run config, stored in every checkpoint
     # train.time_budget_minutes: training also ends at the first iteration past it (core/budget.py)
     time_budget: TimeBudget = field(default_factory=TimeBudget)
+    # train.preemption.signals: these end the run after the current iteration with last.ckpt (core/preemption.py)
+    preemption_signals: tuple[str, ...] = ("SIGTERM", "SIGUSR1", "SIGUSR2")
 
 
 @dataclass
@@ -119,6 +123,8 @@ class TrainingCore(L.LightningModule):
         # For host-side draws (crop offsets, indices): reseeded with the torch generators every iteration, and a
         # Python draw never makes the host wait for the device as `int(torch.randint(...))` on a GPU tensor could.
         self.host_random = random.Random(core.seed)
+        self.preemption = PreemptionSignals(core.preemption_signals)
+        self.preempted_by: int | None = None  # the signal that ended training, once it has
 
     # ---- what a subclass provides ------------------------------------------------------------------------------
     def networks(self) -> dict[str, nn.Module]:
@@ -519,6 +525,11 @@ class TrainingCore(L.LightningModule):
             budget.enabled and budget.expired(self.world_size, self.world_all_reduce, self.device)
         )
         logging = iteration % self.core.log_every_n_steps == 0
+        with host_reads_allowed():  # several ranks agree at logging iterations only, where a read is allowed
+            self.preempted_by = self.preemption.requested(
+                self.world_size, self.world_all_reduce, self.device, may_sync=logging or last
+            )
+        last = last or self.preempted_by is not None
         # The reads below are deliberate (train.host_sync_check lets them pass): a logging iteration, the last one
         # (which the time budget decides, so no one can know it in advance), or one that already waited.
         with host_reads_allowed():
@@ -531,19 +542,26 @@ class TrainingCore(L.LightningModule):
                 # Reading the guard makes the host wait for the device: only where the iteration waits anyway.
                 self._check_guard()
         self._host_synced_this_iteration = False
+        if self.preempted_by is not None:
+            log.warning(
+                "%s received: training stops at the end of iteration %d to write checkpoints/last.ckpt "
+                "(train.preemption).",
+                signal.Signals(self.preempted_by).name,
+                iteration,
+            )
+        elif last and iteration < self.core.max_steps:
+            budget.stop(iteration)
+            log.info(
+                "Time budget reached at iteration %d of max_steps=%d (%.2f min since the run started, "
+                "train.time_budget_minutes=%g): training stops here; the final evaluation, samples and "
+                "checkpoint are of iteration %d. Resume from checkpoints/last.ckpt to train further.",
+                iteration,
+                self.core.max_steps,
+                budget.elapsed_at_stop_s / 60.0,
+                budget.minutes,
+                iteration,
+            )
         if last:
-            if iteration < self.core.max_steps:
-                budget.stop(iteration)
-                log.info(
-                    "Time budget reached at iteration %d of max_steps=%d (%.2f min since the run started, "
-                    "train.time_budget_minutes=%g): training stops here; the final evaluation, samples and "
-                    "checkpoint are of iteration %d. Resume from checkpoints/last.ckpt to train further.",
-                    iteration,
-                    self.core.max_steps,
-                    budget.elapsed_at_stop_s / 60.0,
-                    budget.minutes,
-                    iteration,
-                )
             self.trainer.should_stop = True
 
     # ---- Lightning hooks ----------------------------------------------------------------------------------------
@@ -581,6 +599,20 @@ class TrainingCore(L.LightningModule):
         for name, norm in getattr(self, "_last_grad_norm", {}).items():
             metrics[f"grad_norm/{name}"] = norm
         self.log_dict(metrics, on_step=True, on_epoch=False, prog_bar=False)
+
+    def on_train_start(self) -> None:
+        # After the Trainer's own handlers (registered just before this hook; they are restored after fit): ours end
+        # the run at an iteration boundary with last.ckpt instead of Lightning's mid-iteration stop.
+        self.preemption.install()
+        epoch_loop = self.trainer.fit_loop.epoch_loop
+        if self.world_size > 1 and hasattr(epoch_loop, "_broadcast_sigterm_tensor"):
+            # Lightning 2.6 broadcasts its SIGTERM flag and reads it back on every batch under several processes: a
+            # host-device sync per iteration. Its flag is never set with our handler in place; ours agree at logging
+            # iterations instead (core/preemption.py).
+            epoch_loop._broadcast_sigterm_tensor = lambda: None
+
+    def on_train_end(self) -> None:
+        self.preemption.uninstall()
 
     def on_train_batch_start(self, batch: Any, batch_idx: int) -> None:
         # Fresh, deterministic randomness per (seed, rank, iteration): latents, augmentation and dropout are the same

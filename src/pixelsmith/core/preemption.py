@@ -1,0 +1,117 @@
+"""Preemption: SIGTERM (Kubernetes, cloud spot machines, torchrun, a preempting SLURM), SIGUSR1 (sbatch
+`--signal=USR1@90`) or SIGUSR2 (submitit's warning before the time limit) ends the run cleanly at the end of the
+current iteration.
+
+The signal handler only records the signal (a handler interrupts the main thread between two bytecodes; the
+iteration must not be cut in half). `TrainingCore.end_iteration` asks `requested()`: on one process every iteration
+(a host flag, free), under several processes at logging iterations, where the ranks agree with one all-reduce (a
+host-device sync is allowed there) so that every rank stops at the same iteration; SLURM and torchrun signal every
+rank, Lightning's own launcher only the first, and the all-reduce covers both. Training then ends the way it ends at
+`max_steps`: `last.ckpt` is written atomically (the final evaluation is skipped: it can take longer than the grace
+period), and the entry point exits with `128 + signal number` (143 for SIGTERM, 138 for SIGUSR1, 140 for SIGUSR2), the status of a
+process the signal ended, which schedulers read as "interrupted, run again". Under SLURM with `train.preemption.requeue`
+the job first requeues itself (`scontrol requeue`); the requeued job keeps its id, so its run dir
+(`outputs/train/runs/slurm-<id>`) and `train.auto_resume` bring it back to `last.ckpt`.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import subprocess
+import threading
+from collections.abc import Callable, Sequence
+
+import torch
+
+from pixelsmith.errors import PixelsmithError
+
+log = logging.getLogger(__name__)
+
+
+class RunPreempted(PixelsmithError):
+    """Training stopped on a preemption signal after writing last.ckpt; the process exits with 128 + signal."""
+
+    def __init__(self, signum: int, iteration: int, checkpoint: str):
+        self.signum = signum
+        self.exit_code = 128 + signum
+        name = signal.Signals(signum).name
+        super().__init__(
+            f"Preempted by {name}: training stopped at the end of iteration {iteration} and wrote {checkpoint}. "
+            f"Exiting with status {self.exit_code} (128 + {name}) so the scheduler runs the job again; the new run "
+            "resumes from that checkpoint by itself when it uses the same run dir (train.auto_resume), or pass "
+            f"ckpt_path={checkpoint}."
+        )
+
+
+class PreemptionSignals:
+    """Records the first preemption signal; `requested()` tells the training loop to stop after this iteration."""
+
+    def __init__(self, signals: Sequence[str] = ("SIGTERM", "SIGUSR1", "SIGUSR2")):
+        self.signals = [_signal_number(name) for name in signals]
+        self.received: int | None = None
+        self._previous: dict[int, object] = {}
+
+    def install(self) -> None:
+        if threading.current_thread() is not threading.main_thread():
+            return  # Python only lets the main thread set handlers (a test running fit in a thread)
+        for signum in self.signals:
+            self._previous[signum] = signal.signal(signum, self._record)
+
+    def uninstall(self) -> None:
+        if threading.current_thread() is not threading.main_thread():
+            return
+        for signum, previous in self._previous.items():
+            signal.signal(signum, previous)
+        self._previous = {}
+
+    def _record(self, signum: int, frame) -> None:
+        if self.received is None:
+            self.received = signum
+
+    def requested(
+        self,
+        world_size: int,
+        all_reduce: Callable[[torch.Tensor], object],
+        device: torch.device | str,
+        may_sync: bool,
+    ) -> int | None:
+        """The signal to stop for (agreed over ranks), or None. With several ranks only where `may_sync`."""
+        if world_size == 1:
+            return self.received
+        if not may_sync:
+            return None
+        flag = torch.tensor(float(self.received or 0), device=device)
+        all_reduce(flag)  # a sum of signal numbers: > 0 when any rank got one
+        total = int(flag.item())
+        if total == 0:
+            return None
+        return self.received or (total if total in self.signals else self.signals[0])
+
+
+def _signal_number(name: str) -> int:
+    try:
+        return int(signal.Signals[name.upper() if name.upper().startswith("SIG") else f"SIG{name.upper()}"])
+    except KeyError as err:
+        raise PixelsmithError(
+            f"train.preemption.signals: {name!r} is not a signal name; use e.g. [SIGTERM, SIGUSR1, SIGUSR2]."
+        ) from err
+
+
+def requeue_slurm_job() -> bool:
+    """`scontrol requeue <this job>` (rank 0 only); True when SLURM accepted it."""
+    job = os.environ.get("SLURM_ARRAY_JOB_ID")
+    job = f"{job}_{os.environ['SLURM_ARRAY_TASK_ID']}" if job else os.environ.get("SLURM_JOB_ID")
+    if not job:
+        return False
+    try:
+        result = subprocess.run(["scontrol", "requeue", job], capture_output=True, text=True, check=False)
+    except FileNotFoundError:
+        log.warning("Cannot requeue SLURM job %s: scontrol is not on PATH.", job)
+        return False
+    if result.returncode != 0:
+        log.warning("scontrol requeue %s failed (%d): %s", job, result.returncode, result.stderr.strip())
+        return False
+    log.info("Requeued SLURM job %s; it resumes from last.ckpt in the same run dir.", job)
+    return True

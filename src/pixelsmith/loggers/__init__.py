@@ -1,0 +1,1 @@
+"""Loggers with the behaviour a resumable run needs (Lightning's own, adjusted)."""

@@ -1,0 +1,149 @@
+"""A run dir belongs to one run at a time, and a second run never silently overwrites the first.
+
+`claim_run_dir` runs before anything is written. On rank 0 it takes an exclusive lock on `<run dir>/.run.lock`
+(`fcntl.flock`: the kernel drops it when the process ends, even on kill -9, so a crash never leaves a stale lock),
+and a second run started into the same dir while the first writes stops with one paragraph naming the first's pid.
+A dir that already holds a run (its `config_resolved.yaml`) is resumed from its `checkpoints/last.ckpt` when
+`train.auto_resume` is on and no `ckpt_path` is given (a requeued SLURM job, a restarted pod or torchrun worker, a
+rerun with the same `hydra.run.dir`), and refused otherwise unless `train.overwrite=true`. Other ranks only follow
+the same auto-resume decision: they run in rank 0's dir and must not lock it.
+
+Under `python train.py` the claim is taken by a Hydra callback (`ClaimRunDirFirst`, conf/hydra/default.yaml) before
+Hydra saves its `.hydra/` config into the dir, so a refused run changes nothing there; the run then takes it over.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import logging
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+from hydra.experimental.callback import Callback
+from omegaconf import DictConfig, OmegaConf
+
+from pixelsmith.errors import PixelsmithError
+from pixelsmith.launch import global_rank
+
+log = logging.getLogger(__name__)
+
+LOCK_NAME = ".run.lock"
+# Written by every run at start-up (pixelsmith.train): its presence means the dir already holds a run.
+RUN_MARKER = "config_resolved.yaml"
+
+
+class RunDirError(PixelsmithError):
+    """The run dir is in use by another run, or holds one that this run would overwrite."""
+
+
+class RunDirClaim:
+    """Holds the run dir's lock for the duration of a run; `release()` (or process exit) frees it."""
+
+    def __init__(self, output_dir: Path, ckpt_path: str | None, lock_fd: int | None):
+        self.output_dir = output_dir
+        self.ckpt_path = ckpt_path  # the checkpoint to resume from (given, or found by auto-resume)
+        self._lock_fd = lock_fd
+
+    def release(self) -> None:
+        if self._lock_fd is not None:
+            os.close(self._lock_fd)  # closing the descriptor drops the flock
+            self._lock_fd = None
+
+
+def _lock(output_dir: Path) -> int:
+    output_dir.mkdir(parents=True, exist_ok=True)
+    path = output_dir / LOCK_NAME
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        holder = os.pread(fd, 64, 0).decode(errors="replace").strip() or "unknown"
+        os.close(fd)
+        raise RunDirError(
+            f"The run dir {output_dir} is in use by another run (pid {holder}); two runs writing one dir would mix "
+            "their checkpoints and metrics. Wait for it to end, or give this run its own dir (leave hydra.run.dir "
+            "unset for a fresh timestamped one)."
+        ) from None
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+    return fd
+
+
+# Claims taken by the Hydra callback below before Hydra wrote anything, handed to the run that follows.
+_held: dict[Path, RunDirClaim] = {}
+
+
+def claim_run_dir(output_dir: Path, ckpt_path: str | None, auto_resume: bool, overwrite: bool) -> RunDirClaim:
+    """Lock the run dir (rank 0) and decide what to resume from; raises RunDirError for a dir another run owns."""
+    held = _held.pop(output_dir.resolve(), None)
+    if held is not None:
+        return held
+    last = output_dir / "checkpoints" / "last.ckpt"
+    resume_last = ckpt_path is None and auto_resume and last.is_file()
+    if global_rank() != 0:
+        return RunDirClaim(output_dir, str(last) if resume_last else ckpt_path, None)
+    fd = _lock(output_dir)
+    try:
+        if resume_last:
+            log.info(
+                "Resuming from %s: the run dir already holds this run (train.auto_resume; ckpt_path=... to choose "
+                "another checkpoint, or a new hydra.run.dir to start afresh).",
+                last,
+            )
+            return RunDirClaim(output_dir, str(last), fd)
+        previous = (output_dir / RUN_MARKER).is_file()
+        resuming_here = ckpt_path is not None and _inside(Path(ckpt_path), output_dir)
+        if previous and not resuming_here:
+            if not overwrite:
+                reason = (
+                    f"it has no checkpoints/last.ckpt to resume from and ckpt_path={ckpt_path} is another run's"
+                    if ckpt_path is not None
+                    else "it has no checkpoints/last.ckpt to resume from"
+                    if auto_resume
+                    else "train.auto_resume=false"
+                )
+                raise RunDirError(
+                    f"The run dir {output_dir} already holds another run ({RUN_MARKER}, metrics, samples) and this "
+                    f"run would overwrite it: {reason}. Give this run its own dir (leave hydra.run.dir unset for a "
+                    "fresh timestamped one), resume the earlier run with its checkpoint, or pass train.overwrite=true "
+                    "to start afresh in it."
+                )
+            log.warning(
+                "train.overwrite=true: starting afresh in %s, which holds an earlier run.", output_dir
+            )
+        return RunDirClaim(output_dir, ckpt_path, fd)
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+def _inside(path: Path, directory: Path) -> bool:
+    try:
+        path.expanduser().resolve().relative_to(directory.resolve())
+    except ValueError:
+        return False
+    return True
+
+
+class ClaimRunDirFirst(Callback):
+    """Hydra callback: claim the run dir before Hydra writes its `.hydra/` config into it (`hydra.run.dir` of a
+    single run; sweep jobs get fresh numbered dirs). A refusal is one paragraph on stderr and exit status 2."""
+
+    def on_run_start(self, config: DictConfig, **kwargs: Any) -> None:
+        auto_resume = OmegaConf.select(config, "train.auto_resume")
+        if auto_resume is None:  # not a training config
+            return
+        output_dir = Path(str(config.hydra.run.dir))
+        try:
+            claim = claim_run_dir(
+                output_dir,
+                OmegaConf.select(config, "ckpt_path"),
+                bool(auto_resume),
+                bool(OmegaConf.select(config, "train.overwrite", default=False)),
+            )
+        except RunDirError as err:
+            print(f"[pixelsmith] {err}", file=sys.stderr)  # Hydra's logging is not set up yet
+            sys.exit(2)
+        _held[output_dir.resolve()] = claim
