@@ -15,6 +15,7 @@ from pixelsmith.style.networks import AdaINNet, TransformerNet
 from pixelsmith.style.stylize import (
     CheckpointFormatError,
     StylizeInputError,
+    StylizeOptions,
     load_stylizer_from_checkpoint,
     main,
     parse_args,
@@ -159,7 +160,8 @@ def test_key_value_arguments():
     with pytest.raises(StylizeInputError, match="Did you mean overlap"):
         parse_args(["overlapp=3"])
     with pytest.raises(StylizeInputError, match="expected a int"):
-        parse_args(["tile=big"])
+        parse_args(["overlap=big"])
+    assert parse_args(["tile=auto"]).tile == "auto" and StylizeOptions().tile == "auto"
     with pytest.raises(StylizeInputError, match="key=value"):
         parse_args(["photo.jpg"])
 
@@ -216,6 +218,8 @@ def test_entry_point_help_runs_as_a_script():
         ({"thumbnail": 0}, "thumbnail=0 must be at least 16"),
         ({"tile": 8, "overlap": 2}, "tile=8 must be at least 16"),
         ({"alpha": 1.5}, "alpha=1.5 must be in"),
+        ({"tile": "huge"}, "tile='huge': a number of pixels or auto"),
+        ({"memory_fraction": 0.0}, "memory_fraction=0.0 must be in"),
     ],
 )
 def test_bad_options_are_one_message_not_a_traceback(fast_ckpt, tmp_path, option, message):
@@ -245,3 +249,49 @@ def test_one_unreadable_file_in_a_folder_is_skipped_reported_and_the_rest_writte
     assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["a.png", "c.png"]
     assert "b.jpg" in err and "tiny.png" in err and "1x1: too small" in err and "2 unreadable file(s)" in err
     assert "Traceback" not in err
+
+
+def test_a_folder_with_prefetch_writes_the_same_images_and_times_every_stage(fast_ckpt, tmp_path):
+    """Decode-ahead and background encode change when work happens, not what is written."""
+    from pixelsmith.style.tiling import StageTimes
+
+    _, net = fast_ckpt
+    folder = tmp_path / "in"
+    folder.mkdir()
+    for i in range(3):
+        Image.fromarray(photo(48 + 8 * i, 40, i)).save(folder / f"{i}.png")
+    outputs = {}
+    for prefetch in (False, True):
+        times = StageTimes()
+        written = stylize_paths(
+            net,
+            folder,
+            tmp_path / f"out_{prefetch}",
+            tile=32,
+            overlap=8,
+            progress=False,
+            prefetch=prefetch,
+            times=times,
+        )
+        outputs[prefetch] = [np.asarray(Image.open(p)) for p in written]
+        assert [p.name for p in written] == ["0.png", "1.png", "2.png"]
+        assert times.decode > 0 and times.network > 0 and times.blend > 0 and times.encode > 0
+    for sequential, overlapped in zip(outputs[False], outputs[True], strict=True):
+        assert np.array_equal(sequential, overlapped)
+
+
+def test_the_cli_says_where_the_time_went(fast_ckpt, tmp_path, capsys):
+    path, _ = fast_ckpt
+    Image.fromarray(photo(40, 30)).save(tmp_path / "in.png")
+    code = main(
+        [
+            f"ckpt_path={path}",
+            f"input={tmp_path / 'in.png'}",
+            f"output={tmp_path / 'out.png'}",
+            "progress=false",
+        ]
+    )
+    assert code == 0
+    line = next(x for x in capsys.readouterr().out.splitlines() if x.startswith("time per stage:"))
+    for stage in ("decode", "copy in", "network", "blend", "copy out", "encode"):
+        assert f"{stage} " in line

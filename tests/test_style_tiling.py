@@ -11,10 +11,14 @@ from PIL import Image
 from torchmetrics.functional.image import structural_similarity_index_measure
 
 from pixelsmith.paths import DATA_DIR
+from pixelsmith.style import tiling
 from pixelsmith.style.networks import AdaINNet, TransformerNet
 from pixelsmith.style.tiling import (
+    bytes_per_pixel,
     frozen_instance_norm_statistics,
     make_thumbnail,
+    memory_budget,
+    plan_tiles,
     record_instance_norm_statistics,
     statistic_layers,
     stylize_tiled,
@@ -242,3 +246,52 @@ def test_peak_memory_grows_only_with_the_uint8_buffers(tmp_path):
     extra_pixels, extra_width = 2048**2 - 512**2, 2048 - 512
     allowed = 7 * extra_pixels + 3 * tile * extra_width * 4 + 16 * 2**20
     assert peaks[2048] - peaks[512] < allowed, {k: v / 2**20 for k, v in peaks.items()}
+
+
+def test_the_tile_plan_is_the_largest_that_fits_the_budget():
+    common = {"bytes_per_pixel": 100.0, "batch_size": 4, "multiple": 4}
+    whole = plan_tiles(1000, 2002, budget_bytes=1000 * 2004 * 100, **common)
+    assert whole.whole and whole.tile == 2004  # padded to the stride grid; one forward of the whole image
+    tiled = plan_tiles(1000, 2002, budget_bytes=4 * 256 * 256 * 100, **common)
+    assert (tiled.whole, tiled.tile) == (False, 256)  # 4 tiles of 256^2 fill the budget exactly
+    assert plan_tiles(1000, 2002, budget_bytes=4 * 255 * 255 * 100, **common).tile == 252  # down to the grid
+    assert plan_tiles(1000, 2002, budget_bytes=10, **common).tile == 16  # never below the smallest tile
+
+
+def test_a_fake_free_memory_figure_picks_the_tile(net, photo, monkeypatch):
+    """On a GPU the budget is the free memory x memory_fraction; the tile count follows from it."""
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (8 << 30, 80 << 30))
+    assert memory_budget(torch.device("cuda"), 0.5) == 4 << 30
+    assert memory_budget(torch.device("cpu")) == tiling.CPU_TILE_BUDGET_BYTES
+    per_pixel = bytes_per_pixel(net, torch.device("cpu"), "32-true")
+    # TransformerNet's largest layer output: 64 channels x 4 bytes upsampled to full resolution (plus its reflection
+    # padding), times the safety factor.
+    assert tiling.ACTIVATION_SAFETY * 64 * 4 <= per_pixel <= 1.1 * tiling.ACTIVATION_SAFETY * 64 * 4
+    # Under bf16 autocast the instance norms still output float32 (and the upsample after them): no smaller here.
+    assert bytes_per_pixel(net, torch.device("cpu"), "bf16-mixed") <= per_pixel
+    for budget, tiles in ((256 * 256 * per_pixel, 1), (2 * 128 * 128 * per_pixel, 9)):
+        counts = []
+        stylize_tiled(
+            net,
+            photo,
+            tile="auto",
+            batch_size=2,
+            overlap=32,
+            budget_bytes=int(budget),
+            on_tiles_done=lambda done, total, counts=counts: counts.append(total),
+        )
+        assert counts[-1] == tiles, budget
+
+
+def test_a_whole_image_plan_is_whole_image_inference(net, photo):
+    whole = stylize_tiled(net, photo, tile="auto", budget_bytes=1 << 40)
+    assert np.array_equal(whole, stylize_whole(net, photo))
+
+
+@pytest.mark.parametrize("shape", [(256, 256), (190, 250)])
+def test_the_device_pipeline_gives_the_host_pipelines_pixels(net, photo, shape):
+    """Tiles cut, blended and converted on the device (one copy in, one copy out) == tiles read from numpy."""
+    image = np.ascontiguousarray(photo[: shape[0], : shape[1]])
+    host = stylize_tiled(net, image, tile=96, overlap=24, thumbnail_size=128, pipeline="host")
+    device = stylize_tiled(net, image, tile=96, overlap=24, thumbnail_size=128, pipeline="device")
+    assert np.array_equal(host, device)

@@ -58,7 +58,7 @@ def child(args: argparse.Namespace) -> None:
         model,
         args.input,
         args.output,
-        tile=args.tile,
+        tile=int(args.tile) if args.tile.isdigit() else args.tile,
         overlap=args.overlap,
         precision=args.precision,
         device="cpu",
@@ -78,7 +78,9 @@ def child(args: argparse.Namespace) -> None:
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--sizes", nargs="+", default=list(SIZES), choices=list(SIZES))
-    parser.add_argument("--tile", type=int, default=512)
+    parser.add_argument(
+        "--tile", default="auto", help="pixels, or auto (the largest the memory budget holds)"
+    )
     parser.add_argument("--overlap", type=int, default=64)
     parser.add_argument("--tile-batch", type=int, default=4)
     parser.add_argument("--base-channels", type=int, default=32, help="TransformerNet width (32 = Johnson's)")

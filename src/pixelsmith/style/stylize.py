@@ -45,7 +45,7 @@ from pixelsmith.style.data import (
 )
 from pixelsmith.style.loss_network import RandomLossNetworkWeightsWarning, VGGFeatures
 from pixelsmith.style.networks import ADAIN_ENCODER_LAYERS, AdaINDecoder, AdaINNet, TransformerNet
-from pixelsmith.style.tiling import stylize_tiled
+from pixelsmith.style.tiling import StageTimes, stylize_tiled
 
 ALPHA_FORMATS = {".png", ".webp", ".tif", ".tiff"}
 
@@ -217,11 +217,24 @@ def resolve_device(device: str) -> str:
     return device
 
 
+def _check_tile(tile: int | str) -> int | str:
+    if isinstance(tile, str):
+        if tile.strip().lower() == "auto":
+            return "auto"
+        try:
+            tile = int(tile)
+        except ValueError:
+            raise StylizeInputError(f"tile={tile!r}: a number of pixels or auto.") from None
+    if tile < MIN_SIDE:
+        raise StylizeInputError(f"tile={tile} must be at least {MIN_SIDE} (or auto; default: see --help).")
+    return tile
+
+
 def stylize_paths(
     model: nn.Module,
     inputs: str | Path,
     output: str | Path,
-    tile: int = 512,
+    tile: int | str = "auto",
     overlap: int = 64,
     precision: str = "32-true",
     device: str = "cpu",
@@ -235,16 +248,24 @@ def stylize_paths(
     transparency: str = "keep",
     overwrite: bool = True,
     progress: bool = True,
+    memory_fraction: float = 0.9,
+    prefetch: bool = True,
+    times: StageTimes | None = None,
 ) -> list[Path]:
     """Stylize one image file or every image under a folder; returns the written files.
 
     model: TransformerNet, AdaINNet (needs `style`, blended with `alpha`), or any one-input stylizer module.
-    tile/overlap/tile_batch/thumbnail: see `tiling.stylize_tiled`. precision: 32-true | bf16-mixed | 16-mixed.
+    tile/overlap/tile_batch/thumbnail/memory_fraction: see `tiling.stylize_tiled` (tile="auto" picks the largest
+    tile the free memory holds, the whole image when it fits). precision: 32-true | bf16-mixed | 16-mixed.
     high_bit_depth: convert | refuse. transparency: keep | drop | refuse.
+    prefetch: with a folder, decode the next file and encode the previous one in background threads while the
+    network runs on the current one (Pillow releases the GIL while it decodes and encodes).
+    times: filled with the seconds per stage (decode, copy in, network, blend, copy out, encode).
     """
     if transparency not in ("keep", "drop", "refuse"):
         raise StylizeInputError(f"transparency={transparency!r}; choose keep, drop or refuse.")
-    if not 0 <= overlap < tile:
+    tile = _check_tile(tile)
+    if overlap < 0 or (isinstance(tile, int) and overlap >= tile):
         raise StylizeInputError(
             f"overlap={overlap} must be smaller than tile={tile} (about tile/8 works well)."
         )
@@ -254,32 +275,60 @@ def stylize_paths(
         raise StylizeInputError(
             f"precision={precision!r} is unknown; choose one of {', '.join(AUTOCAST_DTYPES)}."
         )
-    for name, value, least in (
-        ("tile", tile, MIN_SIDE),
-        ("tile_batch", tile_batch, 1),
-        ("thumbnail", thumbnail, 16),
-    ):
+    for name, value, least in (("tile_batch", tile_batch, 1), ("thumbnail", thumbnail, 16)):
         if value < least:
             raise StylizeInputError(f"{name}={value} must be at least {least} (default: see --help).")
     if not 0.0 <= alpha <= 1.0:
         raise StylizeInputError(f"alpha={alpha} must be in [0, 1] (1 = full style, 0 = the content image).")
+    if not 0.0 < memory_fraction <= 1.0:
+        raise StylizeInputError(
+            f"memory_fraction={memory_fraction} must be in (0, 1] (the share of free memory)."
+        )
     device = resolve_device(device)
     stylizer = prepare_stylizer(model, style, alpha, style_size)
-    pairs = plan_outputs(Path(inputs), Path(output))
+    pairs = [(s, t) for s, t in plan_outputs(Path(inputs), Path(output)) if overwrite or not t.exists()]
+    times = times if times is not None else StageTimes()
     written: list[Path] = []
     skipped: list[Path] = []
+
+    def decode(source: Path) -> tuple[Any, float]:
+        start = time.perf_counter()
+        try:
+            image = read_image(source, keep_alpha=transparency != "drop", high_bit_depth=high_bit_depth)
+        except ImageReadError as error:
+            return error, time.perf_counter() - start
+        return image, time.perf_counter() - start
+
+    def encode(result: np.ndarray, image: Any, target: Path) -> float:
+        start = time.perf_counter()
+        save_image(result, image.alpha, target, image.icc_profile)
+        return time.perf_counter() - start
+
+    from concurrent.futures import ThreadPoolExecutor
 
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
-    with Progress(*columns, disable=not progress, transient=False) as bar:
+    background = prefetch and len(pairs) > 1
+    with (
+        Progress(*columns, disable=not progress, transient=False) as bar,
+        ThreadPoolExecutor(max_workers=2 if background else 1) as pool,
+    ):
         files_task = bar.add_task("images", total=len(pairs), visible=len(pairs) > 1)
-        for source, target in pairs:
-            if target.exists() and not overwrite:
-                bar.advance(files_task)
-                continue
+        next_decode = pool.submit(decode, pairs[0][0]) if background and pairs else None
+        pending_encode = None
+        for index, (source, target) in enumerate(pairs):
+            if next_decode is not None:
+                image, seconds = next_decode.result()
+                # Decode the next file while this one is stylized (bounded: one file ahead).
+                following = pairs[index + 1][0] if index + 1 < len(pairs) else None
+                next_decode = pool.submit(decode, following) if following is not None else None
+            else:
+                image, seconds = decode(source)
+            times.decode += seconds
             try:
-                image = read_image(source, keep_alpha=transparency != "drop", high_bit_depth=high_bit_depth)
+                if isinstance(image, ImageReadError):
+                    raise image
                 if image.alpha is not None and transparency == "refuse":
                     raise ImageReadError(
                         f"{source} has an alpha channel and transparency=refuse; use keep or drop."
@@ -312,12 +361,22 @@ def stylize_paths(
                 precision=precision,
                 device=device,
                 on_tiles_done=on_tiles_done,
+                memory_fraction=memory_fraction,
+                times=times,
             )
             del image.rgb  # the input buffer is not needed while encoding the output
-            save_image(result, image.alpha, target, image.icc_profile)
+            if pending_encode is not None:
+                times.encode += pending_encode.result()  # at most one file waits to be encoded
+                pending_encode = None
+            if background:
+                pending_encode = pool.submit(encode, result, image, target)
+            else:
+                times.encode += encode(result, image, target)
             bar.remove_task(tiles_task)
             bar.advance(files_task)
             written.append(target)
+        if pending_encode is not None:
+            times.encode += pending_encode.result()
     if skipped:
         raise SkippedImagesError(written, skipped)
     return written
@@ -334,7 +393,7 @@ class StylizeOptions:
     style: str | None = None
     alpha: float = 1.0
     style_size: int = 512
-    tile: int = 512
+    tile: int | str = "auto"
     overlap: int = 64
     tile_batch: int = 4
     thumbnail: int = 1024
@@ -344,6 +403,8 @@ class StylizeOptions:
     transparency: str = "keep"
     overwrite: bool = True
     progress: bool = True
+    memory_fraction: float = 0.9
+    prefetch: bool = True
     export_dir: str | None = None
     export_formats: str = "torchscript,onnx"
 
@@ -371,7 +432,8 @@ Options (key=value, defaults in brackets):
   style           AdaIN models only: the style image to apply (any image file)
   alpha           AdaIN only: style strength, 0 = original content .. 1 = full style [1.0]
   style_size      AdaIN only: the style image's shorter side is resized to this many pixels [512]
-  tile            tile side in pixels; lower it if you run out of memory [512]
+  tile            tile side in pixels, or auto: the largest tile the free memory holds (on a GPU the free
+                  memory x memory_fraction; on a CPU 1 GB and at most 512), the whole image when it fits [auto]
   overlap         pixels shared by neighbouring tiles, blended smoothly [64]
   tile_batch      tiles processed together; higher is faster on a GPU, uses more memory [4]
   thumbnail       longest side of the preview the colour statistics come from [1024]
@@ -382,6 +444,9 @@ Options (key=value, defaults in brackets):
                   are stylized, the alpha is copied); JPEG cannot store it, so it is dropped with a warning [keep]
   overwrite       true | false: replace existing output files [true]
   progress        true | false: show progress bars [true]
+  memory_fraction share of the free GPU memory tile=auto may plan for [0.9]
+  prefetch        true | false: with a folder, decode the next image and encode the previous one while
+                  the network runs on the current one [true]
   export_dir      also write the model to this folder as stylizer.pt (TorchScript) and stylizer.onnx
   export_formats  comma-separated subset of torchscript,onnx [torchscript,onnx]
 
@@ -393,6 +458,8 @@ def _convert(value: str, field: dataclasses.Field) -> Any:
     kind = str(field.type)
     if value.lower() in ("null", "none", "~") and "None" in kind:
         return None
+    if kind == "int | str":  # a number or a word (tile=512 or tile=auto)
+        return int(value) if value.lstrip("-").isdigit() else value
     if kind.startswith("bool"):
         if value.lower() in ("true", "1", "yes"):
             return True
@@ -448,6 +515,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 print(f"exported {fmt}: {path}")
         if options.input is not None and options.output is not None:
             start = time.perf_counter()
+            times = StageTimes()
             written = stylize_paths(
                 model,
                 options.input,
@@ -465,8 +533,12 @@ def main(argv: Sequence[str] | None = None) -> int:
                 transparency=options.transparency,
                 overwrite=options.overwrite,
                 progress=options.progress,
+                memory_fraction=options.memory_fraction,
+                prefetch=options.prefetch,
+                times=times,
             )
             print(f"wrote {len(written)} image(s) to {options.output} in {time.perf_counter() - start:.1f} s")
+            print(f"time per stage: {times.summary()}")
     except SkippedImagesError as error:
         print(
             f"wrote {len(error.written)} image(s) to {options.output}; {len(error.skipped)} unreadable file(s) "

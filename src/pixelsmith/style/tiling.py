@@ -11,13 +11,25 @@ overlapping tiles blended with raised-cosine ramps whose weights are normalised 
 Memory: tiles are processed one tile row at a time into a float32 band (3 x tile x width) that is converted to
 uint8 and written into the preallocated uint8 output as soon as no later tile touches its rows. Beyond the uint8
 input and output (3 bytes/pixel each) memory depends on the tile size, tile batch and thumbnail size only.
+
+Tile size: `tile="auto"` picks the largest tile that fits a memory budget (`plan_tiles`): on a GPU the free memory
+(`torch.cuda.mem_get_info`) times `memory_fraction`, on a CPU a fixed budget. The network's memory per pixel is
+measured on a small probe (`bytes_per_pixel`). When the whole image fits it is one tile: no thumbnail, no blending,
+exactly whole-image inference.
+
+Pipeline: on a GPU (`pipeline="device"`) the uint8 image is copied to the device once; tiles are cut, blended and
+converted to uint8 there, and the result comes back in one copy. On a CPU (`pipeline="host"`) tiles are read from
+the numpy image as they are needed. Both give the same pixels (tested on CPU). `StageTimes` records where the time
+went: copy in, network, blend, copy out (decode and encode are added by `stylize.py`).
 """
 
 from __future__ import annotations
 
 import math
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, nullcontext
+from dataclasses import dataclass, fields
 
 import numpy as np
 import torch
@@ -204,6 +216,120 @@ def window_sum(starts: list[int], windows: list[Tensor], length: int) -> Tensor:
     return total
 
 
+# --------------------------------------------------------------------------------------------- tile planning
+
+# Memory a CPU run may give the tiles in flight (network activations of one tile batch) when tile="auto": with the
+# uint8 input and output of an 8K image (100 MB each) and the interpreter, peak RSS stays well under 3 GB.
+CPU_TILE_BUDGET_BYTES = 1 << 30
+# A CPU gains nothing from tiles larger than this (2 cores, TransformerNet 32/5, one run each: a 4K image took
+# 30.7 s in 836-px tiles vs 26.5 s in 512-px ones; 2K 7.5 s vs 9.4 s), so tile="auto" on a CPU stops here unless the
+# whole image fits the budget.
+CPU_MAX_AUTO_TILE = 512
+# Estimated peak activation bytes per pixel = this x the largest single layer output per pixel: the input and
+# output of the widest layer, a residual kept alive beside them, and the allocator's slack.
+ACTIVATION_SAFETY = 3.0
+
+
+@dataclass(frozen=True)
+class TilePlan:
+    tile: int  # square tile side (the whole image's longer padded side when `whole`)
+    whole: bool  # one tile covers the whole image: plain whole-image inference
+    budget_bytes: int
+    bytes_per_pixel: float
+
+
+def bytes_per_pixel(model: nn.Module, device: torch.device, precision: str, probe: int = 128) -> float:
+    """Peak activation memory of one forward pass per input pixel, from a probe of `probe` x `probe` pixels.
+
+    On CUDA it is measured (the allocator's peak during the probe); elsewhere it is estimated from the largest
+    output of any layer (forward hooks), times ACTIVATION_SAFETY."""
+    multiple = int(getattr(model, "size_multiple", 1))
+    side = round_up(probe, multiple)
+    x = torch.rand(1, 3, side, side, device=device)
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+        before = torch.cuda.memory_allocated(device)
+        torch.cuda.reset_peak_memory_stats(device)
+        with torch.inference_mode(), autocast_for(precision, device):
+            model(x)
+        torch.cuda.synchronize(device)
+        return max(1.0, (torch.cuda.max_memory_allocated(device) - before) / side**2 * 1.25)
+    largest = 0
+
+    def record(module, inputs, output) -> None:
+        nonlocal largest
+        if isinstance(output, Tensor):
+            largest = max(largest, output.numel() * output.element_size())
+
+    handles = [m.register_forward_hook(record) for m in model.modules() if not list(m.children())]
+    try:
+        with torch.inference_mode(), autocast_for(precision, device):
+            model(x)
+    finally:
+        for handle in handles:
+            handle.remove()
+    return max(1.0, ACTIVATION_SAFETY * largest / side**2)
+
+
+def memory_budget(device: torch.device, memory_fraction: float = 0.9) -> int:
+    """Bytes the tiles may take: the free GPU memory times `memory_fraction`, or CPU_TILE_BUDGET_BYTES on a CPU."""
+    if device.type == "cuda":
+        free, _total = torch.cuda.mem_get_info(device)
+        return int(free * memory_fraction)
+    return CPU_TILE_BUDGET_BYTES
+
+
+def plan_tiles(
+    height: int,
+    width: int,
+    *,
+    budget_bytes: int,
+    bytes_per_pixel: float,
+    batch_size: int,
+    multiple: int = 1,
+    min_tile: int = 16,
+) -> TilePlan:
+    """The largest tile whose forward fits `budget_bytes`: the whole image if it fits (one forward, batch 1), else
+    the largest square tile (a multiple of `multiple`) of which `batch_size` fit at once, at least `min_tile`."""
+    padded_h, padded_w = round_up(height, multiple), round_up(width, multiple)
+    if padded_h * padded_w * bytes_per_pixel <= budget_bytes:
+        return TilePlan(max(padded_h, padded_w), True, budget_bytes, bytes_per_pixel)
+    side = int(math.sqrt(budget_bytes / (bytes_per_pixel * batch_size)))
+    side = max(round_up(min_tile, multiple), side // multiple * multiple)
+    return TilePlan(side, False, budget_bytes, bytes_per_pixel)
+
+
+@dataclass
+class StageTimes:
+    """Seconds per stage of one or more stylized images (device work is synchronised at each stage's end)."""
+
+    decode: float = 0.0
+    copy_in: float = 0.0
+    network: float = 0.0
+    blend: float = 0.0
+    copy_out: float = 0.0
+    encode: float = 0.0
+
+    @contextmanager
+    def stage(self, name: str, device: torch.device | None = None) -> Iterator[None]:
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            if device is not None and device.type == "cuda":
+                torch.cuda.synchronize(device)
+            setattr(self, name, getattr(self, name) + time.perf_counter() - start)
+
+    def add(self, other: StageTimes) -> None:
+        for f in fields(self):
+            setattr(self, f.name, getattr(self, f.name) + getattr(other, f.name))
+
+    def summary(self) -> str:
+        total = sum(getattr(self, f.name) for f in fields(self))
+        parts = ", ".join(f"{f.name.replace('_', ' ')} {getattr(self, f.name):.2f} s" for f in fields(self))
+        return f"{parts} (sum {total:.2f} s)"
+
+
 # ------------------------------------------------------------------------------------------------ image I/O
 
 
@@ -254,12 +380,24 @@ def to_uint8(x: Tensor) -> Tensor:
 # -------------------------------------------------------------------------------------------- tiled stylize
 
 
+def read_tile_tensor(image: Tensor, y: int, x: int, height: int, width: int) -> Tensor:
+    """`read_tile` for an (H, W, 3) uint8 tensor already on the device: the same pixels, cut on the device."""
+    rows = _reflect_indices(y, height, image.shape[0])
+    cols = _reflect_indices(x, width, image.shape[1])
+    if isinstance(rows, np.ndarray):
+        rows = torch.as_tensor(rows, device=image.device)
+    if isinstance(cols, np.ndarray):
+        cols = torch.as_tensor(cols, device=image.device)
+    patch = image[rows][:, cols] if isinstance(rows, Tensor) else image[rows, cols]
+    return patch.permute(2, 0, 1).float().div_(255.0)
+
+
 @torch.inference_mode()
 def stylize_tiled(
     model: nn.Module,
     image: np.ndarray,
     *,
-    tile: int = 512,
+    tile: int | str = 512,
     overlap: int = 64,
     batch_size: int = 4,
     thumbnail_size: int = 1024,
@@ -268,16 +406,24 @@ def stylize_tiled(
     channels_last: bool = True,
     thumbnail_statistics: bool = True,
     on_tiles_done: Callable[[int, int], None] | None = None,
+    pipeline: str = "auto",
+    memory_fraction: float = 0.9,
+    budget_bytes: int | None = None,
+    times: StageTimes | None = None,
 ) -> np.ndarray:
     """Stylize an (H, W, 3) uint8 image of any size with overlapping tiles; returns (H, W, 3) uint8.
 
     model: one-input stylizer, float (B, 3, h, w) in [0, 1] -> same size (TransformerNet, AdaINNet.bind_style(...)).
       It is put in eval mode and moved to `device` (and channels_last) in place.
-    tile, overlap: tile side and minimum overlap in pixels (tile is rounded up to the model's `size_multiple`).
+    tile: tile side in pixels (rounded up to the model's `size_multiple`), or "auto": the largest that fits the
+      memory budget (`plan_tiles`; `budget_bytes` overrides the measured free memory x `memory_fraction`), the
+      whole image when it fits. overlap: minimum overlap of neighbouring tiles in pixels.
     batch_size: tiles per forward pass. thumbnail_size: longest side of the statistics thumbnail; images no larger
       than it take their statistics from the full image, exactly like whole-image inference.
     thumbnail_statistics=False gives each tile its own statistics (the naive baseline: visible blocks).
-    on_tiles_done(done, total): progress callback after every batch.
+    pipeline: "device" keeps the image, tiles, blend and output on `device` until one copy back; "host" reads tiles
+      from the numpy image one by one (bounded host memory); "auto" = device on CUDA, host otherwise.
+    on_tiles_done(done, total): progress callback after every batch. times: filled with the stages' seconds.
     """
     if image.ndim != 3 or image.shape[2] != 3 or image.dtype != np.uint8:
         raise ValueError(f"Expected an (H, W, 3) uint8 array, got shape {image.shape} dtype {image.dtype}.")
@@ -287,62 +433,112 @@ def stylize_tiled(
         raise ValueError(
             f"Image of {width}x{height} px is too small to stylize (minimum {max(multiple, 2)} px)."
         )
-    if overlap < 0 or overlap >= tile:
-        raise ValueError(f"overlap={overlap} must be in [0, tile={tile}).")
     device = torch.device(device)
+    if pipeline == "auto":
+        pipeline = "device" if device.type == "cuda" else "host"
+    if pipeline not in ("device", "host"):
+        raise ValueError(f"pipeline={pipeline!r}: choose auto, device or host.")
     memory_format = torch.channels_last if channels_last else torch.contiguous_format
     model.eval().to(device=device, memory_format=memory_format)
+    whole = False
+    if tile == "auto":
+        budget = budget_bytes if budget_bytes is not None else memory_budget(device, memory_fraction)
+        plan = plan_tiles(
+            height,
+            width,
+            budget_bytes=budget,
+            bytes_per_pixel=bytes_per_pixel(model, device, precision),
+            batch_size=batch_size,
+            multiple=multiple,
+        )
+        tile, whole = plan.tile, plan.whole
+        if device.type == "cpu" and not whole:
+            tile = min(tile, CPU_MAX_AUTO_TILE)
+    if not isinstance(tile, int):
+        raise ValueError(f"tile={tile!r}: a number of pixels or 'auto'.")
+    if overlap < 0 or (overlap >= tile and not whole):
+        raise ValueError(f"overlap={overlap} must be in [0, tile={tile}).")
+    times = times if times is not None else StageTimes()
+    sync = device if device.type == "cuda" else None
 
     padded_h, padded_w = round_up(height, multiple), round_up(width, multiple)
     tile = round_up(tile, multiple)
     tile_h, tile_w = min(tile, padded_h), min(tile, padded_w)
     ys = tile_starts(padded_h, tile_h, overlap, multiple)
     xs = tile_starts(padded_w, tile_w, overlap, multiple)
-    windows_y = [tile_window(ys, i, tile_h) for i in range(len(ys))]
-    windows_x = [tile_window(xs, j, tile_w) for j in range(len(xs))]
-    sum_y, sum_x = window_sum(ys, windows_y, padded_h), window_sum(xs, windows_x, padded_w)
+    # Where the pixels live while they are worked on: the device (one upload, one download) or the host.
+    work = device if pipeline == "device" else torch.device("cpu")
+    windows_y = [tile_window(ys, i, tile_h).to(work) for i in range(len(ys))]
+    windows_x = [tile_window(xs, j, tile_w).to(work) for j in range(len(xs))]
+    sum_y = window_sum(ys, [w.cpu() for w in windows_y], padded_h).to(work)
+    sum_x = window_sum(xs, [w.cpu() for w in windows_x], padded_w).to(work)
 
-    output = np.empty((height, width, 3), dtype=np.uint8)
-    band = torch.zeros(3, tile_h, padded_w)  # float32 accumulator for the rows of the current tile row
+    with times.stage("copy_in", sync):
+        if pipeline == "device":
+            source = torch.from_numpy(image)
+            if device.type == "cuda":
+                source = source.pin_memory()
+            source = source.to(device, non_blocking=True)
+            output = torch.empty((height, width, 3), dtype=torch.uint8, device=device)
+        else:
+            source = image
+            output_array = np.empty((height, width, 3), dtype=np.uint8)
+            output = torch.from_numpy(output_array)  # shares memory: rows written here land in the array
+    band = torch.zeros(3, tile_h, padded_w, device=work)  # float32 accumulator for the current tile row
     total_tiles, done = len(ys) * len(xs), 0
 
     with autocast_for(precision, device):
-        if thumbnail_statistics:
+        if thumbnail_statistics and not whole:
             thumbnail = make_thumbnail(image, thumbnail_size, multiple).to(
                 device, memory_format=memory_format
             )
             statistics_context = thumbnail_instance_norm(model, thumbnail)
-        else:
+        else:  # one tile covering the image takes its statistics from the image itself, as whole inference does
             statistics_context = nullcontext()
         with statistics_context:
             for row, y in enumerate(ys):
                 for first in range(0, len(xs), batch_size):
                     columns = list(range(first, min(first + batch_size, len(xs))))
-                    batch = torch.stack([read_tile(image, y, xs[j], tile_h, tile_w) for j in columns])
-                    result = model(batch.to(device).contiguous(memory_format=memory_format)).float().cpu()
+                    with times.stage("copy_in", sync):
+                        if pipeline == "device":
+                            batch = torch.stack(
+                                [read_tile_tensor(source, y, xs[j], tile_h, tile_w) for j in columns]
+                            )
+                        else:
+                            batch = torch.stack(
+                                [read_tile(source, y, xs[j], tile_h, tile_w) for j in columns]
+                            )
+                        batch = batch.to(device).contiguous(memory_format=memory_format)
+                    with times.stage("network", sync):
+                        result = model(batch).float().to(work)
                     if result.shape[-2:] != (tile_h, tile_w):
                         raise ValueError(
                             f"The model changed the tile size {(tile_h, tile_w)} to {result.shape[-2:]}."
                         )
-                    for k, j in enumerate(columns):
-                        weight = windows_y[row][:, None] * windows_x[j][None, :]
-                        band[:, :, xs[j] : xs[j] + tile_w].addcmul_(result[k], weight)
+                    with times.stage("blend", sync):
+                        for k, j in enumerate(columns):
+                            weight = windows_y[row][:, None] * windows_x[j][None, :]
+                            band[:, :, xs[j] : xs[j] + tile_w].addcmul_(result[k], weight)
                     del batch, result
                     done += len(columns)
                     if on_tiles_done is not None:
                         on_tiles_done(done, total_tiles)
-                # Rows before the next tile row's start receive no more contributions: finish and emit them.
-                finished = (ys[row + 1] - y) if row + 1 < len(ys) else tile_h
-                _emit_rows(band, output, y, min(finished, height - y), sum_y, sum_x)
-                # Carry the rows the next tile row overlaps (about `overlap` rows) to the top of the band.
-                carried = tile_h - finished
-                if carried > 0:
-                    band[:, :carried] = band[:, finished:].clone()
-                band[:, carried:] = 0.0
-    return output
+                with times.stage("blend", sync):
+                    # Rows before the next tile row's start receive no more contributions: finish and emit them.
+                    finished = (ys[row + 1] - y) if row + 1 < len(ys) else tile_h
+                    _emit_rows(band, output, y, min(finished, height - y), sum_y, sum_x)
+                    # Carry the rows the next tile row overlaps (about `overlap` rows) to the top of the band.
+                    carried = tile_h - finished
+                    if carried > 0:
+                        band[:, :carried] = band[:, finished:].clone()
+                    band[:, carried:] = 0.0
+    if pipeline == "host":
+        return output_array
+    with times.stage("copy_out", sync):
+        return output.cpu().numpy()
 
 
-def _emit_rows(band: Tensor, output: np.ndarray, y: int, rows: int, sum_y: Tensor, sum_x: Tensor) -> None:
+def _emit_rows(band: Tensor, output: Tensor, y: int, rows: int, sum_y: Tensor, sum_x: Tensor) -> None:
     """Normalise the first `rows` band rows by the blending weights and write them to output[y : y + rows] as
     uint8, in chunks so the float temporaries stay a few MB even for an 8K-wide band."""
     width = output.shape[1]
@@ -351,7 +547,7 @@ def _emit_rows(band: Tensor, output: np.ndarray, y: int, rows: int, sum_y: Tenso
         stop = min(start + chunk, rows)
         norm = sum_y[y + start : y + stop, None] * sum_x[None, :width]
         values = band[:, start:stop, :width] / norm
-        output[y + start : y + stop] = to_uint8(values).permute(1, 2, 0).numpy()
+        output[y + start : y + stop] = to_uint8(values).permute(1, 2, 0)
 
 
 @torch.inference_mode()
