@@ -140,3 +140,23 @@ def test_bad_resume_path_names_the_fix(tmp_path):
     text = result.stdout + result.stderr
     assert "ckpt_path='/nope/last.ckpt' does not exist" in text and "checkpoints/last.ckpt" in text
     assert "Traceback" not in text
+
+
+def test_a_run_and_its_resume_print_lightning_once_and_no_library_warnings(tmp_path):
+    """Lightning's messages appeared twice (its own console handler and Hydra's); CSVLogger warned that it would
+    delete the logs; a resume warned about weights_only."""
+    common = [
+        "train.py",
+        "debug=fast",
+        "hardware=cpu",
+        "precision=32-true",
+        *SMALL_DCGAN,
+        f"hydra.run.dir={tmp_path}/r",
+    ]
+    for steps in (2, 3):  # the second run resumes the first (train.auto_resume)
+        result = run_cli([*common, f"max_steps={steps}"])
+        output = result.stdout + result.stderr
+        assert result.returncode == 0, output[-3000:]
+        assert output.count("GPU available") == 1, output[-3000:]
+        assert "will be deleted" not in output and "weights_only" not in output, output[-3000:]
+    assert "Resuming from" in output

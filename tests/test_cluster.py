@@ -131,14 +131,16 @@ def test_a_signalled_training_process_exits_for_requeue_and_its_rerun_resumes(tm
 def test_a_run_dir_in_use_by_another_run_is_refused_naming_its_pid(make_cfg, tmp_path):
     fd = _lock(tmp_path / "run")  # another run holds it
     try:
-        with pytest.raises(RunDirError, match=rf"in use by another run \(pid {os.getpid()}\)"):
+        with pytest.raises(RunDirError, match=rf"in use by another run \(pid@host {os.getpid()}@"):
             run(make_cfg(*SHORT, "max_steps=1"))
     finally:
         os.close(fd)
     assert not (tmp_path / "run" / "config_resolved.yaml").exists()  # nothing written
 
 
-def test_a_run_dir_holding_a_run_is_resumed_refused_or_overwritten_on_request(make_cfg, tmp_path):
+def test_a_run_dir_holding_a_run_is_resumed_refused_or_overwritten_on_request(
+    make_cfg, tmp_path, monkeypatch
+):
     run(make_cfg(*SHORT, "max_steps=2", "train.checkpoint_every_n_steps=0"))
     assert run(make_cfg(*SHORT, "max_steps=3"))["iteration"] == 3  # auto-resume from last.ckpt
     with pytest.raises(RunDirError, match="train.auto_resume=false"):
@@ -153,6 +155,21 @@ def test_a_run_dir_holding_a_run_is_resumed_refused_or_overwritten_on_request(ma
     with pytest.raises(RunDirError, match="no checkpoints/last.ckpt to resume from") as info:
         run(make_cfg(*SHORT, "max_steps=1"))
     assert "train.overwrite=true" in str(info.value) and "hydra.run.dir" in str(info.value)
+    # A requeued job whose first attempt died before its first checkpoint starts afresh in its own dir.
+    monkeypatch.setenv("SLURM_RESTART_COUNT", "1")
+    assert run(make_cfg(*SHORT, "max_steps=1"))["iteration"] == 1
+
+
+def test_metrics_end_at_the_resumed_iteration_and_an_overwritten_runs_move_aside(tmp_path):
+    from pixelsmith.loggers.csv import align_metrics_with_resume
+
+    path = tmp_path / "metrics.csv"
+    path.write_text("step,train/iteration,loss/G\n" + "".join(f"{2 * i},{i},0.{i}\n" for i in range(1, 6)))
+    align_metrics_with_resume(path, 3)  # a crash after iteration 5, resumed from the checkpoint of 3
+    with open(path) as handle:
+        assert [row["train/iteration"] for row in csv.DictReader(handle)] == ["1", "2", "3"]
+    align_metrics_with_resume(path, None)  # train.overwrite=true: a fresh start keeps the old file aside
+    assert not path.exists() and len(list(tmp_path.glob("metrics.replaced-*.csv"))) == 1
 
 
 def test_a_refused_command_line_run_writes_nothing_into_the_dir(tmp_path):
@@ -174,7 +191,7 @@ def test_a_refused_command_line_run_writes_nothing_into_the_dir(tmp_path):
         result = run_cli(["train.py", "hardware=cpu", f"hydra.run.dir={busy}"], timeout=120)
     finally:
         os.close(fd)
-    assert result.returncode == 2 and f"in use by another run (pid {os.getpid()})" in result.stderr
+    assert result.returncode == 2 and f"in use by another run (pid@host {os.getpid()}@" in result.stderr
     assert not (busy / ".hydra").exists()
 
 
@@ -207,6 +224,9 @@ def test_the_launcher_decides_nodes_and_processes(monkeypatch, make_cfg):
     monkeypatch.setenv("SLURM_PROCID", "0")
     assert launch.launch_topology() == launch.LaunchTopology("slurm", 2, 4)
     assert launch.run_stamp() == "slurm-4242"  # a requeued job keeps its id, so its run dir
+    monkeypatch.setenv("SLURM_STEP_ID", "1")  # the second srun of a job script: a dir of its own
+    assert launch.run_stamp() == "slurm-4242.1"
+    monkeypatch.delenv("SLURM_STEP_ID")
     monkeypatch.setenv("SLURM_JOB_NAME", "bash")  # an interactive allocation: a fresh stamp per run
     assert launch.run_stamp().startswith("20") and launch.launch_topology() is None
 
@@ -336,7 +356,6 @@ def test_the_slurm_launcher_renders_the_golden_sbatch_script(tmp_path):
             "hydra/launcher=slurm",
             "hydra.launcher.partition=gpu",
             "hydra.launcher.timeout_min=600",
-            'hydra.launcher.setup=["source .venv/bin/activate"]',
             "hardware=a100",
             "hardware.devices=4",
             "hardware.num_nodes=2",
@@ -384,3 +403,44 @@ def test_a_sweep_runs_under_submitits_local_executor(tmp_path):
         assert _state(sweep / job)["pixelsmith"]["iteration"] == 2
     summary = (sweep / "summary.md").read_text()
     assert "seed=1" in summary and "seed=2" in summary and "loss/G" in summary
+
+
+@pytest.mark.slow
+def test_sigterm_to_rank_0_of_two_processes_stops_both_at_one_iteration_with_last_ckpt(tmp_path):
+    """Kubernetes signals the container's first process only: rank 0 of Lightning's launcher. The ranks agree at
+    the next check (every 2 iterations here), both stop there, last.ckpt holds that iteration, status 143."""
+    import random
+
+    run_dir = tmp_path / "run"
+    args = [
+        sys.executable,
+        "train.py",
+        "debug=ddp",
+        "hardware=cpu",
+        "precision=32-true",
+        "max_steps=100000",
+        "train.progress_bar=false",
+        "logger=csv",
+        "eval.every_n_steps=0",
+        "train.sample_every_n_steps=0",
+        "train.checkpoint_every_n_steps=2",
+        "train.preemption.check_every_n_steps=2",
+        "callbacks.ddp_check.every_n_steps=2",
+        "model.generator.ngf=16",
+        "model.discriminator.ndf=16",
+        f"hydra.run.dir={run_dir}",
+    ]
+    env = {**os.environ, "HYDRA_FULL_ERROR": "0", "MASTER_PORT": str(random.randint(20000, 29999))}
+    proc = subprocess.Popen(
+        args, cwd=REPO_ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
+    deadline = time.monotonic() + 300
+    while not (run_dir / "checkpoints" / "last.ckpt").exists() and time.monotonic() < deadline:
+        time.sleep(0.2)
+    proc.send_signal(signal.SIGTERM)
+    output, _ = proc.communicate(timeout=120)
+    assert proc.returncode == 143, output[-4000:]
+    stopped = int(re.search(r"stops at the end of iteration (\d+)", output).group(1))
+    assert stopped % 2 == 0 and _state(run_dir)["pixelsmith"]["iteration"] == stopped
+    report = json.loads((run_dir / "ddp_consistency.json").read_text())
+    assert report["world_size"] == 2 and report["max_abs_diff"] == 0.0

@@ -30,6 +30,7 @@ BAD_VALUES = [
     ("eval.batch_size=0", "eval.batch_size", "eval.batch_size=250"),
     ("train.nonfinite_max_consecutive=-1", "train.nonfinite_max_consecutive", "=20"),
     ("train.host_sync_check=loud", "train.host_sync_check", "off, warn, error"),
+    ("train.preemption.check_every_n_steps=0", "train.preemption.check_every_n_steps", "=null"),
     ("schedule.min_lr_ratio=2", "schedule.min_lr_ratio", "[0, 1]"),
     ("accumulate=0", "accumulate", "accumulate=1"),
 ]

@@ -202,3 +202,14 @@ def test_pyproject_declares_ranges_and_constraints_pin_a_tested_point_in_them():
     readme = (REPO / "README.md").read_text()
     assert readme.count('pip install -q -c constraints.txt -e ".[dev]"') >= 2
     assert set(project["scripts"]) >= set(SCRIPTS)
+
+
+def test_the_license_file_and_the_pre_commit_hooks_match_the_project():
+    import yaml
+
+    assert (REPO / "LICENSE").read_text().startswith("MIT License")
+    assert _pyproject()["project"]["license"] == "MIT"
+    (hooks,) = yaml.safe_load((REPO / ".pre-commit-config.yaml").read_text())["repos"]
+    assert hooks["repo"].endswith("/ruff-pre-commit")
+    assert hooks["rev"] == "v" + _constraints()["ruff"]  # the ruff CI runs, not another minor's formatting
+    assert {hook["id"] for hook in hooks["hooks"]} == {"ruff", "ruff-format"}

@@ -250,12 +250,16 @@ def test_peak_memory_grows_only_with_the_uint8_buffers(tmp_path):
 
 def test_the_tile_plan_is_the_largest_that_fits_the_budget():
     common = {"bytes_per_pixel": 100.0, "batch_size": 4, "multiple": 4}
-    whole = plan_tiles(1000, 2002, budget_bytes=1000 * 2004 * 100, **common)
+    per = 100 + tiling.PIPELINE_BYTES_PER_PIXEL  # the network's bytes plus the pipeline's float buffers
+    whole = plan_tiles(1000, 2002, budget_bytes=1000 * 2004 * per, **common)
     assert whole.whole and whole.tile == 2004  # padded to the stride grid; one forward of the whole image
-    tiled = plan_tiles(1000, 2002, budget_bytes=4 * 256 * 256 * 100, **common)
+    tiled = plan_tiles(1000, 2002, budget_bytes=4 * 256 * 256 * per, **common)
     assert (tiled.whole, tiled.tile) == (False, 256)  # 4 tiles of 256^2 fill the budget exactly
-    assert plan_tiles(1000, 2002, budget_bytes=4 * 255 * 255 * 100, **common).tile == 252  # down to the grid
+    assert plan_tiles(1000, 2002, budget_bytes=4 * 255 * 255 * per, **common).tile == 252  # down to the grid
     assert plan_tiles(1000, 2002, budget_bytes=10, **common).tile == 16  # never below the smallest tile
+    # With the uint8 image and output on the device (6 bytes a pixel), the same budget no longer holds it whole.
+    on_device = plan_tiles(1000, 2002, budget_bytes=1000 * 2004 * per, image_on_device=True, **common)
+    assert not on_device.whole
 
 
 def test_a_fake_free_memory_figure_picks_the_tile(net, photo, monkeypatch):
@@ -269,7 +273,8 @@ def test_a_fake_free_memory_figure_picks_the_tile(net, photo, monkeypatch):
     assert tiling.ACTIVATION_SAFETY * 64 * 4 <= per_pixel <= 1.1 * tiling.ACTIVATION_SAFETY * 64 * 4
     # Under bf16 autocast the instance norms still output float32 (and the upsample after them): no smaller here.
     assert bytes_per_pixel(net, torch.device("cpu"), "bf16-mixed") <= per_pixel
-    for budget, tiles in ((256 * 256 * per_pixel, 1), (2 * 128 * 128 * per_pixel, 9)):
+    per = per_pixel + tiling.PIPELINE_BYTES_PER_PIXEL
+    for budget, tiles in ((256 * 256 * per, 1), (2 * 128 * 128 * per, 9)):
         counts = []
         stylize_tiled(
             net,
@@ -295,3 +300,23 @@ def test_the_device_pipeline_gives_the_host_pipelines_pixels(net, photo, shape):
     host = stylize_tiled(net, image, tile=96, overlap=24, thumbnail_size=128, pipeline="host")
     device = stylize_tiled(net, image, tile=96, overlap=24, thumbnail_size=128, pipeline="device")
     assert np.array_equal(host, device)
+
+
+def test_an_auto_tile_that_runs_out_of_memory_is_halved(net, photo, monkeypatch):
+    """The plan is an estimate: a forward that does not fit retries with half the tile, not a crash."""
+    sides = []
+    original = net.forward
+
+    def forward(x):
+        sides.append(x.shape[-1])
+        if x.shape[-1] > 128:  # the 128-px memory probe fits; the planned whole image (256) does not
+            raise torch.OutOfMemoryError("CUDA out of memory (simulated)")
+        return original(x)
+
+    monkeypatch.setattr(net, "forward", forward)
+    result = stylize_tiled(net, photo, tile="auto", budget_bytes=1 << 40, thumbnail_statistics=False)
+    assert result.shape == photo.shape
+    failed = sides.index(256)  # after the probe, the whole-image plan ran first and did not fit...
+    assert sides[failed + 1 :] and max(sides[failed + 1 :]) == 128  # ...so 128-px tiles did the work
+    with pytest.raises(torch.OutOfMemoryError):  # a tile the user fixed is not second-guessed
+        stylize_tiled(net, photo, tile=192, overlap=16, thumbnail_statistics=False)

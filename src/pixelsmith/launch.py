@@ -112,9 +112,14 @@ def _clock_stamp() -> str:
 
 
 def _slurm_stamp() -> str:
+    """slurm-<job>[_<array task>][.<step>]: every srun step of a job script its own dir; a requeued job (same id,
+    same steps) its old one."""
     job = os.environ.get("SLURM_ARRAY_JOB_ID")
     job = f"{job}_{os.environ['SLURM_ARRAY_TASK_ID']}" if job else os.environ["SLURM_JOB_ID"]
-    return f"slurm-{job}"
+    step = os.environ.get("SLURM_STEP_ID", "")
+    # The batch step itself has no step id (or a sentinel above 4e9 in some versions): no suffix.
+    suffix = f".{step}" if step.isdigit() and int(step) < 4_000_000_000 else ""
+    return f"slurm-{job}{suffix}"
 
 
 def _torchrun_stamp() -> str:

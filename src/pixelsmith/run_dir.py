@@ -17,6 +17,7 @@ from __future__ import annotations
 import fcntl
 import logging
 import os
+import socket
 import sys
 from pathlib import Path
 from typing import Any
@@ -59,16 +60,21 @@ def _lock(output_dir: Path) -> int:
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
-        holder = os.pread(fd, 64, 0).decode(errors="replace").strip() or "unknown"
-        os.close(fd)
-        raise RunDirError(
-            f"The run dir {output_dir} is in use by another run (pid {holder}); two runs writing one dir would mix "
-            "their checkpoints and metrics. Wait for it to end, or give this run its own dir (leave hydra.run.dir "
-            "unset for a fresh timestamped one)."
-        ) from None
-    os.ftruncate(fd, 0)
-    os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
-    return fd
+        pass  # held by another run: below
+    except OSError as err:  # a filesystem without flock (some Lustre and NFS mounts): run unlocked
+        log.warning("Cannot lock the run dir %s (%s); running without the lock.", output_dir, err)
+        return fd
+    else:
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()}@{socket.gethostname()}\n".encode(), 0)
+        return fd
+    holder = os.pread(fd, 128, 0).decode(errors="replace").strip() or "unknown"
+    os.close(fd)
+    raise RunDirError(
+        f"The run dir {output_dir} is in use by another run (pid@host {holder}); two runs writing one dir would "
+        "mix their checkpoints and metrics. Wait for it to end, or give this run its own dir (leave hydra.run.dir "
+        "unset for a fresh timestamped one)."
+    )
 
 
 # Claims taken by the Hydra callback below before Hydra wrote anything, handed to the run that follows.
@@ -95,7 +101,15 @@ def claim_run_dir(output_dir: Path, ckpt_path: str | None, auto_resume: bool, ov
             return RunDirClaim(output_dir, str(last), fd)
         previous = (output_dir / RUN_MARKER).is_file()
         resuming_here = ckpt_path is not None and _inside(Path(ckpt_path), output_dir)
-        if previous and not resuming_here:
+        restarted = _restart_count()
+        if previous and not resuming_here and restarted:
+            # A requeued or restarted job whose first attempt died before its first checkpoint: its own dir.
+            log.warning(
+                "This is restart %d of the job and its run dir %s holds no last.ckpt: starting afresh in it.",
+                restarted,
+                output_dir,
+            )
+        elif previous and not resuming_here:
             if not overwrite:
                 reason = (
                     f"it has no checkpoints/last.ckpt to resume from and ckpt_path={ckpt_path} is another run's"
@@ -117,6 +131,12 @@ def claim_run_dir(output_dir: Path, ckpt_path: str | None, auto_resume: bool, ov
     except BaseException:
         os.close(fd)
         raise
+
+
+def _restart_count() -> int:
+    """How many times SLURM (requeue) or torchrun (--max-restarts) has restarted this job; 0 for a first start."""
+    counts = (os.environ.get("SLURM_RESTART_COUNT"), os.environ.get("TORCHELASTIC_RESTART_COUNT"))
+    return max((int(c) for c in counts if c and c.isdigit()), default=0)
 
 
 def _inside(path: Path, directory: Path) -> bool:

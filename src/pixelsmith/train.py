@@ -9,6 +9,7 @@ from __future__ import annotations
 import inspect
 import json
 import logging
+import os
 import warnings
 from pathlib import Path
 from typing import Any
@@ -26,11 +27,13 @@ from pixelsmith.config.validate import validate_config
 from pixelsmith.core.budget import TimeBudget
 from pixelsmith.core.fsdp import MultiNetworkFSDPStrategy
 from pixelsmith.core.module import CoreSettings
-from pixelsmith.core.preemption import RunPreempted, requeue_slurm_job
+from pixelsmith.core.preemption import RunPreempted, requeue_slurm_job, signal_number
 from pixelsmith.core.strategy import MultiNetworkDDPStrategy
 from pixelsmith.errors import PixelsmithError
 from pixelsmith.hardware import RuntimePlan, apply_backend_settings, resolve_plan
 from pixelsmith.launch import die_with_parent, started_by_lightning_launcher, under_slurm_job
+from pixelsmith.launch import global_rank as launch_global_rank
+from pixelsmith.loggers.csv import align_metrics_with_resume
 from pixelsmith.perf import build_callbacks as build_perf_callbacks
 from pixelsmith.perf import prepare_run as prepare_perf
 from pixelsmith.perf.switches import resolve_switches
@@ -89,6 +92,7 @@ def build_core_settings(cfg: DictConfig, plan: RuntimePlan) -> CoreSettings:
         # The clock starts here: set-up and the evaluations during training count, the final ones come after.
         time_budget=TimeBudget(_budget_for(cfg, plan)),
         preemption_signals=tuple(cfg.train.preemption.signals),
+        preemption_check_every_n_steps=cfg.train.preemption.check_every_n_steps,
     )
 
 
@@ -152,9 +156,43 @@ def build_strategy(plan: RuntimePlan, cfg: DictConfig):
     return "auto"
 
 
+# Loggers whose package is an optional extra: the class, the module it needs, and the extra that installs it.
+OPTIONAL_LOGGERS = {
+    "WandbLogger": ("wandb", "wandb"),
+    "MLFlowLogger": ("mlflow", "mlflow"),
+}
+
+
+def _check_optional_packages(node: DictConfig) -> None:
+    import importlib.util
+
+    for name, entry in node.items():
+        target = str(entry.get("_target_", "")) if entry is not None else ""
+        needed = OPTIONAL_LOGGERS.get(target.rsplit(".", 1)[-1])
+        if needed and importlib.util.find_spec(needed[0]) is None:
+            module, extra = needed
+            raise PixelsmithError(
+                f"logger={name} needs the {module} package, which is not installed. Install it with "
+                f'pip install -e ".[{extra}]" (or pip install {module}), or choose another logger: '
+                "logger=default (CSV + TensorBoard), logger=csv, logger=tensorboard or logger=none."
+            )
+
+
+def _allow_mlflow_file_store(node: DictConfig) -> None:
+    """MLflow 3 refuses its file store unless MLFLOW_ALLOW_FILE_STORE is set ("maintenance mode"). A store in the
+    run dir needs no server and no database package, which is what `logger=mlflow` is for here: opt in for file:
+    URIs (a tracking server or database URI in logger.mlflow.tracking_uri is left alone)."""
+    for entry in node.values():
+        target = str(entry.get("_target_", "")) if entry is not None else ""
+        if target.endswith("MLFlowLogger") and str(entry.get("tracking_uri") or "").startswith("file:"):
+            os.environ.setdefault("MLFLOW_ALLOW_FILE_STORE", "true")
+
+
 def _instantiate_group(node: DictConfig | None) -> list:
     if not node:
         return []
+    _check_optional_packages(node)
+    _allow_mlflow_file_store(node)
     return [instantiate(entry) for entry in node.values() if entry is not None and entry.get("_target_")]
 
 
@@ -189,14 +227,16 @@ def build_trainer(cfg: DictConfig, plan: RuntimePlan) -> L.Trainer:
 class RankDiedError(PixelsmithError, RuntimeError):
     """Another rank of this run died; the collectives that waited for it failed. Names the rank."""
 
-    def __init__(self, dead: list[tuple[int, int, int]], output_dir: Path):
+    def __init__(self, dead: list[tuple[int, int, int]], output_dir: Path, seen: BaseException):
         described = "; ".join(
             f"rank {rank} (pid {pid}) {_exit_description(code)}" for rank, pid, code in dead
         )
         last = output_dir / "checkpoints" / "last.ckpt"
         resume = f"resume with ckpt_path={last}" if last.is_file() else "no checkpoint had been written yet"
+        first = (str(seen).strip().splitlines() or [""])[0][:200]
         super().__init__(
-            f"A rank of this run died: {described}. The other ranks were waiting for it in a collective and are "
+            f"A rank of this run died: {described} (rank 0 then saw {type(seen).__name__}: {first}). The other "
+            "ranks were waiting for it in a collective and are "
             f"stopped. A rank killed by SIGKILL was most often ended by the out-of-memory killer (dmesg, or the "
             f"scheduler's log, says so): use a smaller data.batch_size or fewer data.num_workers; then {resume}."
         )
@@ -236,7 +276,7 @@ def _check_resume_path(ckpt_path: str | None) -> str | None:
     try:
         # Pixelsmith checkpoints hold tensors and plain containers only; anything else needs full unpickling, which
         # can run code, so it is refused here rather than loaded silently with weights_only=False.
-        torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+        state = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
     except Exception as err:
         raise PixelsmithError(
             f"ckpt_path={ckpt_path!r} does not load as a Pixelsmith checkpoint with torch.load(weights_only=True) "
@@ -244,14 +284,23 @@ def _check_resume_path(ckpt_path: str | None) -> str | None:
             "checkpoint written by train.py (a run's checkpoints/last.ckpt or step_*.ckpt); a checkpoint from "
             "another project needs converting to a plain state dict first."
         ) from err
+    _resume_iterations[str(path)] = int((state.get("pixelsmith") or {}).get("iteration", 0))
     return str(path)
+
+
+_resume_iterations: dict[str, int] = {}  # checkpoint path -> its iteration, read by _check_resume_path
 
 
 def _quiet_library_logging() -> None:
     # Lightning installs its own console handler; under Hydra the root logger already prints (and writes train.log),
     # so each Lightning message appeared twice. Route them through the root logger only.
-    for name in ("lightning.pytorch", "lightning.fabric"):
-        logging.getLogger(name).handlers.clear()
+    # The top-level "lightning" package adds a console handler of its own too ("INFO: GPU available ...").
+    for name in ("lightning", "lightning.pytorch", "lightning.fabric"):
+        library_logger = logging.getLogger(name)
+        library_logger.handlers.clear()
+        library_logger.propagate = (
+            True  # set False by Lightning when it was imported before logging was set up
+        )
     # The EMA generator is in eval mode on purpose (BatchNorm statistics are copied, not updated).
     warnings.filterwarnings("ignore", message=r"Found \d+ module\(s\) in eval mode")
     warnings.filterwarnings("ignore", message=r".*LeafSpec.*is deprecated")
@@ -284,6 +333,9 @@ def _fit(cfg: DictConfig) -> dict[str, Any]:
 
 def _fit_in(cfg: DictConfig, plan: RuntimePlan, output_dir: Path, ckpt_path: str | None) -> dict[str, Any]:
     ckpt_path = _check_resume_path(ckpt_path)
+    if launch_global_rank() == 0:
+        # Before any logger opens it: metrics.csv holds this run's history up to the resumed iteration only.
+        align_metrics_with_resume(output_dir / "metrics.csv", _resume_iterations.get(ckpt_path or ""))
     apply_backend_settings(plan)
     if plan.compile:
         # Dynamo's caches outlive a run: in an in-process sweep, later jobs' networks would hit the recompile limit
@@ -321,10 +373,12 @@ def _fit_in(cfg: DictConfig, plan: RuntimePlan, output_dir: Path, ckpt_path: str
     try:
         trainer.fit(model, datamodule=datamodule, ckpt_path=ckpt_path, weights_only=True)
     except Exception as err:
-        dead = dead_ranks_of(trainer)
+        # Only an error that may be the echo of another rank's death (a failed collective); this rank's own error
+        # (a bad value, an out-of-memory) is the one to show.
+        dead = [] if isinstance(err, PixelsmithError | MemoryError) else dead_ranks_of(trainer)
         if not dead:
             raise
-        raise RankDiedError(dead, output_dir) from err
+        raise RankDiedError(dead, output_dir, err) from err
     metrics = {
         k: float(v) for k, v in trainer.callback_metrics.items() if torch.is_tensor(v) and v.numel() == 1
     }
@@ -350,7 +404,9 @@ def _fit_in(cfg: DictConfig, plan: RuntimePlan, output_dir: Path, ckpt_path: str
     if trainer.is_global_zero:
         (output_dir / "final_metrics.json").write_text(json.dumps(metrics, indent=2, sort_keys=True))
     if model.preempted_by is not None:
-        if trainer.is_global_zero and cfg.train.preemption.requeue and under_slurm_job():
+        requeue_on = {signal_number(name) for name in cfg.train.preemption.requeue_on}
+        requeue = cfg.train.preemption.requeue and model.preempted_by in requeue_on
+        if trainer.is_global_zero and requeue and under_slurm_job():
             requeue_slurm_job()
         raise RunPreempted(model.preempted_by, model.iteration, str(output_dir / "checkpoints" / "last.ckpt"))
     return metrics

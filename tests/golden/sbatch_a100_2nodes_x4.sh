@@ -16,7 +16,7 @@
 #SBATCH --wckey=submitit
 
 # setup
-source .venv/bin/activate
+export SLURM_KILL_BAD_EXIT=1
 
 # command
 export SUBMITIT_EXECUTOR=slurm

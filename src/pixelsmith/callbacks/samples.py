@@ -1,4 +1,6 @@
-"""Sample grids every N iterations: a PNG under `<run>/samples/` and an image in TensorBoard.
+"""Sample grids every N iterations: a PNG under `<run>/samples/`, and the image in every logger that shows images:
+TensorBoard (`add_image`), Weights & Biases (`log_image`, a step slider in the run's media panel) and MLflow (the PNG
+as an artifact under `samples/`).
 
 The model provides `sample_grid() -> Tensor[C, H, W] in [0, 1]` (GAN: EMA generator on fixed latents; style:
 content | style | result rows), so a resumed run continues the same series of pictures.
@@ -28,10 +30,10 @@ class SampleGrid(Callback):
         if not trainer.is_global_zero:
             return
         self.dirpath.mkdir(parents=True, exist_ok=True)
-        save_image(grid, self.dirpath / f"step_{iteration:07d}.png")
+        path = self.dirpath / f"step_{iteration:07d}.png"
+        save_image(grid, path)
         for logger in trainer.loggers:
-            if isinstance(logger, TensorBoardLogger):
-                logger.experiment.add_image("samples", grid, global_step=iteration)
+            log_grid(logger, grid, iteration, path)
 
     def on_train_start(self, trainer, pl_module) -> None:
         if self.every_n_steps > 0:
@@ -43,3 +45,15 @@ class SampleGrid(Callback):
 
     def on_train_end(self, trainer, pl_module) -> None:
         self._write(trainer, pl_module)
+
+
+def log_grid(logger, grid, iteration: int, png: Path) -> None:
+    """Hand one sample grid ([C, H, W] in [0, 1], already saved as `png`) to a logger that can show images. By class
+    name for the optional ones, so neither wandb nor mlflow has to be installed to import this."""
+    kind = type(logger).__name__
+    if isinstance(logger, TensorBoardLogger):
+        logger.experiment.add_image("samples", grid, global_step=iteration)
+    elif kind == "WandbLogger":
+        logger.log_image(key="samples", images=[str(png)], step=iteration, caption=[f"iteration {iteration}"])
+    elif kind == "MLFlowLogger":
+        logger.experiment.log_artifact(logger.run_id, str(png), artifact_path="samples")

@@ -231,12 +231,14 @@ class AdaINModelConfig(StyleModelConfig):
 class PreemptionConfig:
     """Signals that end the run after the current iteration with last.ckpt, exiting 128 + signal (core/preemption.py)."""
 
-    signals: list[str] = field(
-        default_factory=lambda: ["SIGTERM", "SIGUSR1", "SIGUSR2"]
-    )  # [] keeps the default handlers
-    requeue: bool = (
-        True  # under SLURM: `scontrol requeue` the job (it comes back to the same run dir and resumes)
-    )
+    # the signals that end the run with last.ckpt; [] keeps the default handlers
+    signals: list[str] = field(default_factory=lambda: ["SIGTERM", "SIGUSR1", "SIGUSR2"])
+    # under SLURM: `scontrol requeue` the job (it comes back to the same run dir and resumes) ...
+    requeue: bool = True
+    # ... for these signals (not SIGTERM: `scancel` sends it, and a job the user cancelled must stay cancelled)
+    requeue_on: list[str] = field(default_factory=lambda: ["SIGUSR1", "SIGUSR2"])
+    # under several processes the ranks agree on a signal every N iterations; None = train.log_every_n_steps
+    check_every_n_steps: int | None = None
 
 
 @dataclass

@@ -109,6 +109,12 @@ RULES: list[Rule] = [
     Rule("train.checkpoint_every_n_steps", _non_negative, "must be >= 0 (0 = only at the end)", "500"),
     Rule("train.keep_checkpoints", _non_negative, "must be >= 0", "3"),
     Rule(
+        "train.preemption.check_every_n_steps",
+        _optional(_positive_int),
+        "must be at least 1, or null (the logging iterations)",
+        "null",
+    ),
+    Rule(
         "train.nonfinite_max_consecutive",
         _non_negative,
         "must be >= 0 (0 = never stop for non-finite steps)",

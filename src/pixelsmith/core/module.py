@@ -73,6 +73,7 @@ class CoreSettings:
     time_budget: TimeBudget = field(default_factory=TimeBudget)
     # train.preemption.signals: these end the run after the current iteration with last.ckpt (core/preemption.py)
     preemption_signals: tuple[str, ...] = ("SIGTERM", "SIGUSR1", "SIGUSR2")
+    preemption_check_every_n_steps: int | None = None  # None: at logging iterations
 
 
 @dataclass
@@ -491,6 +492,11 @@ class TrainingCore(L.LightningModule):
             torch.distributed.all_reduce(tensor)
         return tensor
 
+    def _world_max_reduce(self, tensor: torch.Tensor) -> torch.Tensor:
+        if self._trainer is not None and self.trainer.world_size > 1:
+            torch.distributed.all_reduce(tensor, op=torch.distributed.ReduceOp.MAX)
+        return tensor
+
     @property
     def world_size(self) -> int:
         return self.trainer.world_size if self._trainer is not None else 1
@@ -525,9 +531,13 @@ class TrainingCore(L.LightningModule):
             budget.enabled and budget.expired(self.world_size, self.world_all_reduce, self.device)
         )
         logging = iteration % self.core.log_every_n_steps == 0
-        with host_reads_allowed():  # several ranks agree at logging iterations only, where a read is allowed
+        check_every = self.core.preemption_check_every_n_steps or self.core.log_every_n_steps
+        with host_reads_allowed():  # several ranks agree every `check_every` iterations (and at the last)
             self.preempted_by = self.preemption.requested(
-                self.world_size, self.world_all_reduce, self.device, may_sync=logging or last
+                self.world_size,
+                self._world_max_reduce,
+                self.device,
+                may_sync=iteration % check_every == 0 or last,
             )
         last = last or self.preempted_by is not None
         # The reads below are deliberate (train.host_sync_check lets them pass): a logging iteration, the last one
@@ -603,9 +613,12 @@ class TrainingCore(L.LightningModule):
     def on_train_start(self) -> None:
         # After the Trainer's own handlers (registered just before this hook; they are restored after fit): ours end
         # the run at an iteration boundary with last.ckpt instead of Lightning's mid-iteration stop.
+        if getattr(self.trainer, "received_sigterm", False) and signal.SIGTERM in self.preemption.signals:
+            self.preemption.received = signal.SIGTERM  # it came during set-up, to Lightning's handler
         self.preemption.install()
         epoch_loop = self.trainer.fit_loop.epoch_loop
-        if self.world_size > 1 and hasattr(epoch_loop, "_broadcast_sigterm_tensor"):
+        ours = signal.SIGTERM in self.preemption.signals
+        if ours and self.world_size > 1 and hasattr(epoch_loop, "_broadcast_sigterm_tensor"):
             # Lightning 2.6 broadcasts its SIGTERM flag and reads it back on every batch under several processes: a
             # host-device sync per iteration. Its flag is never set with our handler in place; ours agree at logging
             # iterations instead (core/preemption.py).

@@ -4,13 +4,16 @@ current iteration.
 
 The signal handler only records the signal (a handler interrupts the main thread between two bytecodes; the
 iteration must not be cut in half). `TrainingCore.end_iteration` asks `requested()`: on one process every iteration
-(a host flag, free), under several processes at logging iterations, where the ranks agree with one all-reduce (a
-host-device sync is allowed there) so that every rank stops at the same iteration; SLURM and torchrun signal every
+(a host flag, free), under several processes every `train.preemption.check_every_n_steps` iterations (default: the
+logging iterations, where a host-device sync is allowed), where the ranks agree with one all-reduce (the highest
+signal number any rank got) so that every rank stops at the same iteration; the grace period must cover that many
+iterations plus writing the checkpoint; SLURM and torchrun signal every
 rank, Lightning's own launcher only the first, and the all-reduce covers both. Training then ends the way it ends at
 `max_steps`: `last.ckpt` is written atomically (the final evaluation is skipped: it can take longer than the grace
-period), and the entry point exits with `128 + signal number` (143 for SIGTERM, 138 for SIGUSR1, 140 for SIGUSR2), the status of a
-process the signal ended, which schedulers read as "interrupted, run again". Under SLURM with `train.preemption.requeue`
-the job first requeues itself (`scontrol requeue`); the requeued job keeps its id, so its run dir
+period), and the entry point exits with `128 + signal number` (143 for SIGTERM, 138 for SIGUSR1, 140 for SIGUSR2),
+the status of a process the signal ended, which schedulers read as "interrupted, run again". Under SLURM, for the signals in
+`train.preemption.requeue_on` (SLURM's and submitit's warnings, not SIGTERM: `scancel` sends that and a cancelled job
+must stay cancelled) the job first requeues itself (`scontrol requeue`); the requeued job keeps its id, so its run dir
 (`outputs/train/runs/slurm-<id>`) and `train.auto_resume` bring it back to `last.ckpt`.
 """
 
@@ -49,7 +52,7 @@ class PreemptionSignals:
     """Records the first preemption signal; `requested()` tells the training loop to stop after this iteration."""
 
     def __init__(self, signals: Sequence[str] = ("SIGTERM", "SIGUSR1", "SIGUSR2")):
-        self.signals = [_signal_number(name) for name in signals]
+        self.signals = [signal_number(name) for name in signals]
         self.received: int | None = None
         self._previous: dict[int, object] = {}
 
@@ -73,24 +76,23 @@ class PreemptionSignals:
     def requested(
         self,
         world_size: int,
-        all_reduce: Callable[[torch.Tensor], object],
+        max_reduce: Callable[[torch.Tensor], object],
         device: torch.device | str,
         may_sync: bool,
     ) -> int | None:
-        """The signal to stop for (agreed over ranks), or None. With several ranks only where `may_sync`."""
+        """The signal to stop for (agreed over ranks: the highest number any rank got), or None. With several ranks
+        it is read only where `may_sync`, so every rank stops at the same iteration."""
         if world_size == 1:
             return self.received
         if not may_sync:
             return None
         flag = torch.tensor(float(self.received or 0), device=device)
-        all_reduce(flag)  # a sum of signal numbers: > 0 when any rank got one
-        total = int(flag.item())
-        if total == 0:
-            return None
-        return self.received or (total if total in self.signals else self.signals[0])
+        max_reduce(flag)
+        agreed = int(flag.item())
+        return agreed or None
 
 
-def _signal_number(name: str) -> int:
+def signal_number(name: str) -> int:
     try:
         return int(signal.Signals[name.upper() if name.upper().startswith("SIG") else f"SIG{name.upper()}"])
     except KeyError as err:

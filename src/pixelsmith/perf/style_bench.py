@@ -235,7 +235,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--threads", type=int, default=None)
     parser.add_argument("--child", default=None, help=argparse.SUPPRESS)
-    return parser.parse_args(argv)
+    args = parser.parse_args(argv)
+    if args.warmup < 1 or args.steps < 1:
+        parser.error(
+            "--warmup and --steps must be at least 1 (the first timed iteration starts after a warm one)"
+        )
+    return args
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import os
 import sys
 import time
 import warnings
@@ -203,7 +204,14 @@ def save_image(rgb: np.ndarray, alpha: np.ndarray | None, path: Path, icc_profil
     options: dict[str, Any] = {"icc_profile": icc_profile} if icc_profile else {}
     if path.suffix.lower() in (".jpg", ".jpeg"):
         options.update(quality=95, subsampling=0)
-    image.save(path, **options)
+    # Written next to its name and renamed: an interrupted run never leaves a half image that overwrite=false
+    # would then take for done.
+    partial = path.with_name(f".{path.name}.partial")
+    try:
+        image.save(partial, format=Image.registered_extensions().get(path.suffix.lower()), **options)
+        os.replace(partial, path)
+    finally:
+        partial.unlink(missing_ok=True)
 
 
 # ------------------------------------------------------------------------------------------------ stylize
@@ -287,6 +295,7 @@ def stylize_paths(
     device = resolve_device(device)
     stylizer = prepare_stylizer(model, style, alpha, style_size)
     pairs = [(s, t) for s, t in plan_outputs(Path(inputs), Path(output)) if overwrite or not t.exists()]
+    single_input = Path(inputs).is_file()  # one file: its error is the run's; in a folder it is skipped
     times = times if times is not None else StageTimes()
     written: list[Path] = []
     skipped: list[Path] = []
@@ -317,64 +326,76 @@ def stylize_paths(
         files_task = bar.add_task("images", total=len(pairs), visible=len(pairs) > 1)
         next_decode = pool.submit(decode, pairs[0][0]) if background and pairs else None
         pending_encode = None
-        for index, (source, target) in enumerate(pairs):
-            if next_decode is not None:
-                image, seconds = next_decode.result()
-                # Decode the next file while this one is stylized (bounded: one file ahead).
-                following = pairs[index + 1][0] if index + 1 < len(pairs) else None
-                next_decode = pool.submit(decode, following) if following is not None else None
-            else:
-                image, seconds = decode(source)
-            times.decode += seconds
-            try:
-                if isinstance(image, ImageReadError):
-                    raise image
-                if image.alpha is not None and transparency == "refuse":
-                    raise ImageReadError(
-                        f"{source} has an alpha channel and transparency=refuse; use keep or drop."
-                    )
-                height, width = image.rgb.shape[:2]
-                if min(height, width) < MIN_SIDE:
-                    raise ImageReadError(
-                        f"{source} is {width}x{height}: too small to stylize (at least {MIN_SIDE} px a side)."
-                    )
-            except ImageReadError as error:
-                if len(pairs) == 1:
-                    raise
-                # One bad file must not abort a folder: report it, go on, and say so at the end.
-                print(f"skipped: {error}", file=sys.stderr)
-                skipped.append(source)
+        try:
+            for index, (source, target) in enumerate(pairs):
+                if next_decode is not None:
+                    image, seconds = next_decode.result()
+                    # Decode the next file while this one is stylized (bounded: one file ahead).
+                    following = pairs[index + 1][0] if index + 1 < len(pairs) else None
+                    next_decode = pool.submit(decode, following) if following is not None else None
+                else:
+                    image, seconds = decode(source)
+                times.decode += seconds
+                try:
+                    if isinstance(image, ImageReadError):
+                        raise image
+                    if image.alpha is not None and transparency == "refuse":
+                        raise ImageReadError(
+                            f"{source} has an alpha channel and transparency=refuse; use keep or drop."
+                        )
+                    height, width = image.rgb.shape[:2]
+                    if min(height, width) < MIN_SIDE:
+                        raise ImageReadError(
+                            f"{source} is {width}x{height}: too small to stylize (at least {MIN_SIDE} px a side)."
+                        )
+                except ImageReadError as error:
+                    if single_input:
+                        raise
+                    # One bad file must not abort a folder: report it, go on, and say so at the end.
+                    print(f"skipped: {error}", file=sys.stderr)
+                    skipped.append(source)
+                    bar.advance(files_task)
+                    continue
+                tiles_task = bar.add_task(
+                    f"{source.name} {image.rgb.shape[1]}x{image.rgb.shape[0]}", total=None
+                )
+
+                def on_tiles_done(done: int, total: int, task=tiles_task) -> None:
+                    bar.update(task, completed=done, total=total)
+
+                result = stylize_tiled(
+                    stylizer,
+                    image.rgb,
+                    tile=tile,
+                    overlap=overlap,
+                    batch_size=tile_batch,
+                    thumbnail_size=thumbnail,
+                    precision=precision,
+                    device=device,
+                    on_tiles_done=on_tiles_done,
+                    memory_fraction=memory_fraction,
+                    times=times,
+                )
+                del image.rgb  # the input buffer is not needed while encoding the output
+                if pending_encode is not None:
+                    times.encode += pending_encode.result()  # at most one file waits to be encoded
+                    pending_encode = None
+                if background:
+                    pending_encode = pool.submit(encode, result, image, target)
+                else:
+                    times.encode += encode(result, image, target)
+                bar.remove_task(tiles_task)
                 bar.advance(files_task)
-                continue
-            tiles_task = bar.add_task(f"{source.name} {image.rgb.shape[1]}x{image.rgb.shape[0]}", total=None)
-
-            def on_tiles_done(done: int, total: int, task=tiles_task) -> None:
-                bar.update(task, completed=done, total=total)
-
-            result = stylize_tiled(
-                stylizer,
-                image.rgb,
-                tile=tile,
-                overlap=overlap,
-                batch_size=tile_batch,
-                thumbnail_size=thumbnail,
-                precision=precision,
-                device=device,
-                on_tiles_done=on_tiles_done,
-                memory_fraction=memory_fraction,
-                times=times,
-            )
-            del image.rgb  # the input buffer is not needed while encoding the output
-            if pending_encode is not None:
-                times.encode += pending_encode.result()  # at most one file waits to be encoded
-                pending_encode = None
-            if background:
-                pending_encode = pool.submit(encode, result, image, target)
-            else:
-                times.encode += encode(result, image, target)
-            bar.remove_task(tiles_task)
-            bar.advance(files_task)
-            written.append(target)
+                written.append(target)
+        except BaseException:
+            if (
+                pending_encode is not None
+                and pending_encode.done()
+                and pending_encode.exception() is not None
+            ):
+                # The error being raised wins, but a failed background write is said too, not lost.
+                print(f"error: writing an image also failed: {pending_encode.exception()}", file=sys.stderr)
+            raise
         if pending_encode is not None:
             times.encode += pending_encode.result()
     if skipped:

@@ -225,6 +225,9 @@ CPU_TILE_BUDGET_BYTES = 1 << 30
 # 30.7 s in 836-px tiles vs 26.5 s in 512-px ones; 2K 7.5 s vs 9.4 s), so tile="auto" on a CPU stops here unless the
 # whole image fits the budget.
 CPU_MAX_AUTO_TILE = 512
+# Per tile pixel in flight outside the network: the float32 input batch (12 bytes), the float32 result (12) and the
+# float32 blending band (12 per pixel of a tile row, counted here per tile pixel as an upper bound).
+PIPELINE_BYTES_PER_PIXEL = 36
 # Estimated peak activation bytes per pixel = this x the largest single layer output per pixel: the input and
 # output of the widest layer, a residual kept alive beside them, and the allocator's slack.
 ACTIVATION_SAFETY = 3.0
@@ -238,22 +241,34 @@ class TilePlan:
     bytes_per_pixel: float
 
 
-def bytes_per_pixel(model: nn.Module, device: torch.device, precision: str, probe: int = 128) -> float:
-    """Peak activation memory of one forward pass per input pixel, from a probe of `probe` x `probe` pixels.
+def bytes_per_pixel(
+    model: nn.Module,
+    device: torch.device,
+    precision: str,
+    probe: int = 128,
+    memory_format: torch.memory_format = torch.channels_last,
+) -> float:
+    """Peak activation memory of one forward pass per input pixel.
 
-    On CUDA it is measured (the allocator's peak during the probe); elsewhere it is estimated from the largest
-    output of any layer (forward hooks), times ACTIVATION_SAFETY."""
+    On CUDA it is measured: the allocator's peak at two probe sizes, and the slope between them (fixed costs such as
+    autocast's weight copies and cuDNN workspaces do not grow with the tile). Elsewhere it is estimated from the
+    largest output of any layer on a `probe` x `probe` input (forward hooks), times ACTIVATION_SAFETY."""
     multiple = int(getattr(model, "size_multiple", 1))
     side = round_up(probe, multiple)
-    x = torch.rand(1, 3, side, side, device=device)
     if device.type == "cuda":
-        torch.cuda.synchronize(device)
-        before = torch.cuda.memory_allocated(device)
-        torch.cuda.reset_peak_memory_stats(device)
-        with torch.inference_mode(), autocast_for(precision, device):
-            model(x)
-        torch.cuda.synchronize(device)
-        return max(1.0, (torch.cuda.max_memory_allocated(device) - before) / side**2 * 1.25)
+        peaks = []
+        for edge in (side, 2 * side):
+            x = torch.rand(1, 3, edge, edge, device=device).contiguous(memory_format=memory_format)
+            torch.cuda.synchronize(device)
+            before = torch.cuda.memory_allocated(device)
+            torch.cuda.reset_peak_memory_stats(device)
+            with torch.inference_mode(), autocast_for(precision, device):
+                model(x)
+            torch.cuda.synchronize(device)
+            peaks.append(torch.cuda.max_memory_allocated(device) - before)
+            del x
+        return max(1.0, 1.25 * (peaks[1] - peaks[0]) / (3 * side**2))
+    x = torch.rand(1, 3, side, side, device=device).contiguous(memory_format=memory_format)
     largest = 0
 
     def record(module, inputs, output) -> None:
@@ -275,7 +290,9 @@ def memory_budget(device: torch.device, memory_fraction: float = 0.9) -> int:
     """Bytes the tiles may take: the free GPU memory times `memory_fraction`, or CPU_TILE_BUDGET_BYTES on a CPU."""
     if device.type == "cuda":
         free, _total = torch.cuda.mem_get_info(device)
-        return int(free * memory_fraction)
+        # Memory PyTorch holds in its cache (the previous image's tiles) is free to this process too.
+        cached = torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device)
+        return int((free + cached) * memory_fraction)
     return CPU_TILE_BUDGET_BYTES
 
 
@@ -288,13 +305,20 @@ def plan_tiles(
     batch_size: int,
     multiple: int = 1,
     min_tile: int = 16,
+    image_on_device: bool = False,
 ) -> TilePlan:
     """The largest tile whose forward fits `budget_bytes`: the whole image if it fits (one forward, batch 1), else
-    the largest square tile (a multiple of `multiple`) of which `batch_size` fit at once, at least `min_tile`."""
+    the largest square tile (a multiple of `multiple`) of which `batch_size` fit at once, at least `min_tile`.
+
+    Besides the network, each tile pixel in flight costs PIPELINE_BYTES_PER_PIXEL (the float input batch, the float
+    result and its share of the float blending band); with `image_on_device` the uint8 input and output images
+    (6 bytes per image pixel) are on the device too and come off the budget first."""
     padded_h, padded_w = round_up(height, multiple), round_up(width, multiple)
-    if padded_h * padded_w * bytes_per_pixel <= budget_bytes:
+    per_pixel = bytes_per_pixel + PIPELINE_BYTES_PER_PIXEL
+    budget = budget_bytes - (6 * height * width if image_on_device else 0)
+    if padded_h * padded_w * per_pixel <= budget:
         return TilePlan(max(padded_h, padded_w), True, budget_bytes, bytes_per_pixel)
-    side = int(math.sqrt(budget_bytes / (bytes_per_pixel * batch_size)))
+    side = int(math.sqrt(max(budget, 0) / (per_pixel * batch_size)))
     side = max(round_up(min_tile, multiple), side // multiple * multiple)
     return TilePlan(side, False, budget_bytes, bytes_per_pixel)
 
@@ -441,101 +465,121 @@ def stylize_tiled(
     memory_format = torch.channels_last if channels_last else torch.contiguous_format
     model.eval().to(device=device, memory_format=memory_format)
     whole = False
-    if tile == "auto":
+    times_requested = times is not None
+    times = times if times is not None else StageTimes()
+
+    def _stylize_with(tile: int, whole: bool, overlap: int) -> np.ndarray:
+        # Stage times need the device to finish each stage: only when the caller asked for them.
+        sync = device if device.type == "cuda" and times_requested else None
+
+        padded_h, padded_w = round_up(height, multiple), round_up(width, multiple)
+        tile = round_up(tile, multiple)
+        tile_h, tile_w = min(tile, padded_h), min(tile, padded_w)
+        ys = tile_starts(padded_h, tile_h, overlap, multiple)
+        xs = tile_starts(padded_w, tile_w, overlap, multiple)
+        # Where the pixels live while they are worked on: the device (one upload, one download) or the host.
+        work = device if pipeline == "device" else torch.device("cpu")
+        windows_y = [tile_window(ys, i, tile_h).to(work) for i in range(len(ys))]
+        windows_x = [tile_window(xs, j, tile_w).to(work) for j in range(len(xs))]
+        sum_y = window_sum(ys, [w.cpu() for w in windows_y], padded_h).to(work)
+        sum_x = window_sum(xs, [w.cpu() for w in windows_x], padded_w).to(work)
+
+        with times.stage("copy_in", sync):
+            if pipeline == "device":
+                source = torch.from_numpy(image)
+                if device.type == "cuda":
+                    source = source.pin_memory()
+                source = source.to(device, non_blocking=True)
+                output = torch.empty((height, width, 3), dtype=torch.uint8, device=device)
+            else:
+                source = image
+                output_array = np.empty((height, width, 3), dtype=np.uint8)
+                output = torch.from_numpy(output_array)  # shares memory: rows written here land in the array
+        band = torch.zeros(3, tile_h, padded_w, device=work)  # float32 accumulator for the current tile row
+        total_tiles, done = len(ys) * len(xs), 0
+
+        with autocast_for(precision, device):
+            if thumbnail_statistics and not whole:
+                thumbnail = make_thumbnail(image, thumbnail_size, multiple).to(
+                    device, memory_format=memory_format
+                )
+                statistics_context = thumbnail_instance_norm(model, thumbnail)
+            else:  # one tile covering the image takes its statistics from the image itself, as whole inference does
+                statistics_context = nullcontext()
+            with statistics_context:
+                for row, y in enumerate(ys):
+                    for first in range(0, len(xs), batch_size):
+                        columns = list(range(first, min(first + batch_size, len(xs))))
+                        with times.stage("copy_in", sync):
+                            if pipeline == "device":
+                                batch = torch.stack(
+                                    [read_tile_tensor(source, y, xs[j], tile_h, tile_w) for j in columns]
+                                )
+                            else:
+                                batch = torch.stack(
+                                    [read_tile(source, y, xs[j], tile_h, tile_w) for j in columns]
+                                )
+                            batch = batch.to(device).contiguous(memory_format=memory_format)
+                        with times.stage("network", sync):
+                            result = model(batch).float().to(work)
+                        if result.shape[-2:] != (tile_h, tile_w):
+                            raise ValueError(
+                                f"The model changed the tile size {(tile_h, tile_w)} to {result.shape[-2:]}."
+                            )
+                        with times.stage("blend", sync):
+                            for k, j in enumerate(columns):
+                                weight = windows_y[row][:, None] * windows_x[j][None, :]
+                                band[:, :, xs[j] : xs[j] + tile_w].addcmul_(result[k], weight)
+                        del batch, result
+                        done += len(columns)
+                        if on_tiles_done is not None:
+                            on_tiles_done(done, total_tiles)
+                    with times.stage("blend", sync):
+                        # Rows before the next tile row's start receive no more contributions: finish and emit them.
+                        finished = (ys[row + 1] - y) if row + 1 < len(ys) else tile_h
+                        _emit_rows(band, output, y, min(finished, height - y), sum_y, sum_x)
+                        # Carry the rows the next tile row overlaps (about `overlap` rows) to the top of the band.
+                        carried = tile_h - finished
+                        if carried > 0:
+                            band[:, :carried] = band[:, finished:].clone()
+                        band[:, carried:] = 0.0
+        if pipeline == "host":
+            return output_array
+        with times.stage("copy_out", sync):
+            return output.cpu().numpy()
+
+    auto = tile == "auto"
+    if auto:
         budget = budget_bytes if budget_bytes is not None else memory_budget(device, memory_fraction)
         plan = plan_tiles(
             height,
             width,
             budget_bytes=budget,
-            bytes_per_pixel=bytes_per_pixel(model, device, precision),
+            bytes_per_pixel=bytes_per_pixel(model, device, precision, memory_format=memory_format),
             batch_size=batch_size,
             multiple=multiple,
+            image_on_device=pipeline == "device",
         )
         tile, whole = plan.tile, plan.whole
         if device.type == "cpu" and not whole:
             tile = min(tile, CPU_MAX_AUTO_TILE)
+        if not whole:
+            overlap = min(overlap, tile // 4)  # a small planned tile keeps room to advance
     if not isinstance(tile, int):
         raise ValueError(f"tile={tile!r}: a number of pixels or 'auto'.")
     if overlap < 0 or (overlap >= tile and not whole):
         raise ValueError(f"overlap={overlap} must be in [0, tile={tile}).")
-    times = times if times is not None else StageTimes()
-    sync = device if device.type == "cuda" else None
-
-    padded_h, padded_w = round_up(height, multiple), round_up(width, multiple)
-    tile = round_up(tile, multiple)
-    tile_h, tile_w = min(tile, padded_h), min(tile, padded_w)
-    ys = tile_starts(padded_h, tile_h, overlap, multiple)
-    xs = tile_starts(padded_w, tile_w, overlap, multiple)
-    # Where the pixels live while they are worked on: the device (one upload, one download) or the host.
-    work = device if pipeline == "device" else torch.device("cpu")
-    windows_y = [tile_window(ys, i, tile_h).to(work) for i in range(len(ys))]
-    windows_x = [tile_window(xs, j, tile_w).to(work) for j in range(len(xs))]
-    sum_y = window_sum(ys, [w.cpu() for w in windows_y], padded_h).to(work)
-    sum_x = window_sum(xs, [w.cpu() for w in windows_x], padded_w).to(work)
-
-    with times.stage("copy_in", sync):
-        if pipeline == "device":
-            source = torch.from_numpy(image)
+    while True:
+        try:
+            return _stylize_with(tile, whole, overlap)
+        except torch.OutOfMemoryError:
+            # The plan is an estimate: an auto tile that did not fit is halved (a fixed tile is the user's call).
+            smaller = round_up(max(16, tile // 2), multiple)
+            if not auto or smaller >= tile:
+                raise
             if device.type == "cuda":
-                source = source.pin_memory()
-            source = source.to(device, non_blocking=True)
-            output = torch.empty((height, width, 3), dtype=torch.uint8, device=device)
-        else:
-            source = image
-            output_array = np.empty((height, width, 3), dtype=np.uint8)
-            output = torch.from_numpy(output_array)  # shares memory: rows written here land in the array
-    band = torch.zeros(3, tile_h, padded_w, device=work)  # float32 accumulator for the current tile row
-    total_tiles, done = len(ys) * len(xs), 0
-
-    with autocast_for(precision, device):
-        if thumbnail_statistics and not whole:
-            thumbnail = make_thumbnail(image, thumbnail_size, multiple).to(
-                device, memory_format=memory_format
-            )
-            statistics_context = thumbnail_instance_norm(model, thumbnail)
-        else:  # one tile covering the image takes its statistics from the image itself, as whole inference does
-            statistics_context = nullcontext()
-        with statistics_context:
-            for row, y in enumerate(ys):
-                for first in range(0, len(xs), batch_size):
-                    columns = list(range(first, min(first + batch_size, len(xs))))
-                    with times.stage("copy_in", sync):
-                        if pipeline == "device":
-                            batch = torch.stack(
-                                [read_tile_tensor(source, y, xs[j], tile_h, tile_w) for j in columns]
-                            )
-                        else:
-                            batch = torch.stack(
-                                [read_tile(source, y, xs[j], tile_h, tile_w) for j in columns]
-                            )
-                        batch = batch.to(device).contiguous(memory_format=memory_format)
-                    with times.stage("network", sync):
-                        result = model(batch).float().to(work)
-                    if result.shape[-2:] != (tile_h, tile_w):
-                        raise ValueError(
-                            f"The model changed the tile size {(tile_h, tile_w)} to {result.shape[-2:]}."
-                        )
-                    with times.stage("blend", sync):
-                        for k, j in enumerate(columns):
-                            weight = windows_y[row][:, None] * windows_x[j][None, :]
-                            band[:, :, xs[j] : xs[j] + tile_w].addcmul_(result[k], weight)
-                    del batch, result
-                    done += len(columns)
-                    if on_tiles_done is not None:
-                        on_tiles_done(done, total_tiles)
-                with times.stage("blend", sync):
-                    # Rows before the next tile row's start receive no more contributions: finish and emit them.
-                    finished = (ys[row + 1] - y) if row + 1 < len(ys) else tile_h
-                    _emit_rows(band, output, y, min(finished, height - y), sum_y, sum_x)
-                    # Carry the rows the next tile row overlaps (about `overlap` rows) to the top of the band.
-                    carried = tile_h - finished
-                    if carried > 0:
-                        band[:, :carried] = band[:, finished:].clone()
-                    band[:, carried:] = 0.0
-    if pipeline == "host":
-        return output_array
-    with times.stage("copy_out", sync):
-        return output.cpu().numpy()
+                torch.cuda.empty_cache()
+            tile, whole, overlap = smaller, False, min(overlap, smaller // 4)
 
 
 def _emit_rows(band: Tensor, output: Tensor, y: int, rows: int, sum_y: Tensor, sum_x: Tensor) -> None:
