@@ -131,6 +131,9 @@ def test_multirun_runs_each_job_in_its_own_dir_and_survives_a_failing_job(tmp_pa
     for r in results:
         assert r["objective"] == "eval/best_fid" and r["value"] == r["metrics"]["eval/best_fid"] > 0
     assert "eval/best_fid" in (sweep / "summary.md").read_text()
+    # The sweep's report.html compares the jobs and links each finished job's own report.
+    report = (sweep / "report.html").read_text()
+    assert report.count('/report.html">report</a>') == 2 and "eval/best_fid per job" in report
     assert "sweep summary" in result.stdout + result.stderr
 
 

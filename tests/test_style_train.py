@@ -126,6 +126,9 @@ def test_short_train_writes_samples_metrics_and_a_contract_checkpoint(
     assert len(_series(rows, "loss/total")) == 4
     history = json.loads((out / "style_validation.json").read_text())
     assert [r["iteration"] for r in history] == [0.0, 2.0, 4.0]
+    # report.html: the content | style | result rows over time and the style metrics' curves.
+    report = (out / "report.html").read_text()
+    assert report.count("data:image/png;base64,") == 3 and "style validation: " in report
     state = _checkpoint(out)
     assert state["pixelsmith"]["precision"] == precision
     keys = state["state_dict"].keys()

@@ -1,7 +1,9 @@
 """Hydra callback that ends a multirun with a table of every job: overrides, status, objective value or error.
 
 Each job writes `result.json` or `failed.json` into its dir (`pixelsmith.entry.guarded_run`); this reads them back,
-prints a table, and writes `summary.md` into the sweep dir, best objective first.
+prints a table, and writes `summary.md` into the sweep dir, best objective first. An Optuna sweep (hparams_search)
+adds its study: best parameters, parameter importance, every trial, and `optuna_objective.png`
+(`pixelsmith.optuna_report`). `report.html` beside it compares the jobs (`pixelsmith.report`).
 """
 
 from __future__ import annotations
@@ -45,7 +47,27 @@ def render(rows: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+def _optuna_study(config: DictConfig) -> tuple[str, str] | None:
+    """(storage, study name) when the sweep runs hydra-optuna-sweeper with a persistent storage."""
+    sweeper = config.hydra.get("sweeper") or {}
+    if "optuna" not in str(sweeper.get("_target_", "")).lower():
+        return None
+    storage, name = sweeper.get("storage"), sweeper.get("study_name")
+    return (str(storage), str(name)) if storage and name else None
+
+
 class SweepSummary(Callback):
+    def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
+        study = _optuna_study(config)
+        if study is None:
+            return
+        if study[0].startswith("sqlite:///"):
+            # SQLite creates the database file but not its folder (outputs/<task>/ on a first sweep).
+            Path(study[0][len("sqlite:///") :]).parent.mkdir(parents=True, exist_ok=True)
+        from pixelsmith.optuna_report import fail_stale_trials
+
+        fail_stale_trials(*study)
+
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
         sweep_dir = Path(config.hydra.sweep.dir)
         if not sweep_dir.is_dir():
@@ -54,7 +76,16 @@ class SweepSummary(Callback):
         if not rows:
             return
         table = render(rows)
-        (sweep_dir / "summary.md").write_text(f"# Sweep summary\n\n{table}\n")
+        text = f"# Sweep summary\n\n{table}\n"
+        study = _optuna_study(config)
+        if study is not None:
+            from pixelsmith.optuna_report import optuna_section
+
+            text += "\n" + optuna_section(*study, sweep_dir, str(config.get("objective", "objective"))) + "\n"
+        (sweep_dir / "summary.md").write_text(text)
+        from pixelsmith.report import write_sweep_report
+
+        write_sweep_report(sweep_dir, rows)  # report.html: the jobs side by side, linked to theirs
         failed = sum(r["status"] != "ok" for r in rows)
         log.info(
             "sweep summary (%d jobs, %d failed) -> %s\n%s", len(rows), failed, sweep_dir / "summary.md", table

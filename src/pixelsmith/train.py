@@ -37,6 +37,7 @@ from pixelsmith.loggers.csv import align_metrics_with_resume
 from pixelsmith.perf import build_callbacks as build_perf_callbacks
 from pixelsmith.perf import prepare_run as prepare_perf
 from pixelsmith.perf.switches import resolve_switches
+from pixelsmith.report import write_run_report
 from pixelsmith.run_dir import claim_run_dir
 
 log = logging.getLogger(__name__)
@@ -403,6 +404,10 @@ def _fit_in(cfg: DictConfig, plan: RuntimePlan, output_dir: Path, ckpt_path: str
             metrics.update(callback.final_metrics())
     if trainer.is_global_zero:
         (output_dir / "final_metrics.json").write_text(json.dumps(metrics, indent=2, sort_keys=True))
+        try:
+            write_run_report(output_dir)  # report.html: curves, samples, perf, config in one offline page
+        except Exception as err:  # a report must never cost a finished run its result
+            log.warning("Could not write report.html (%s: %s).", type(err).__name__, err)
     if model.preempted_by is not None:
         requeue_on = {signal_number(name) for name in cfg.train.preemption.requeue_on}
         requeue = cfg.train.preemption.requeue and model.preempted_by in requeue_on
