@@ -293,31 +293,7 @@ def test_torchrun_makes_one_run_dir_with_identical_ranks(tmp_path, nodes):
 def test_a_rank_killed_mid_run_ends_the_job_within_60s_naming_it(tmp_path):
     """kill -9 one of 2 gloo processes: the job exits non-zero well within 60 s and says which rank died."""
     run_dir = tmp_path / "run"
-    args = [
-        sys.executable,
-        "train.py",
-        "debug=ddp",
-        "hardware=cpu",
-        "precision=32-true",
-        "max_steps=100000",
-        "train.progress_bar=false",
-        "logger=csv",
-        "eval.every_n_steps=0",
-        "train.checkpoint_every_n_steps=2",
-        "callbacks.ddp_check.every_n_steps=0",
-        "model.generator.ngf=16",
-        "model.discriminator.ndf=16",
-        f"hydra.run.dir={run_dir}",
-    ]
-    import random
-
-    env = {**os.environ, "HYDRA_FULL_ERROR": "0", "MASTER_PORT": str(random.randint(20000, 29999))}
-    proc = subprocess.Popen(
-        args, cwd=REPO_ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
-    )
-    deadline = time.monotonic() + 300
-    while not (run_dir / "checkpoints" / "last.ckpt").exists() and time.monotonic() < deadline:
-        time.sleep(0.2)
+    proc = _ddp_training_until_its_first_checkpoint(run_dir, "callbacks.ddp_check.every_n_steps=0")
     children = subprocess.run(["pgrep", "-P", str(proc.pid)], capture_output=True, text=True).stdout.split()
     assert children, "rank 1 was not started"
     os.kill(int(children[0]), signal.SIGKILL)
@@ -409,9 +385,24 @@ def test_a_sweep_runs_under_submitits_local_executor(tmp_path):
 def test_sigterm_to_rank_0_of_two_processes_stops_both_at_one_iteration_with_last_ckpt(tmp_path):
     """Kubernetes signals the container's first process only: rank 0 of Lightning's launcher. The ranks agree at
     the next check (every 2 iterations here), both stop there, last.ckpt holds that iteration, status 143."""
+    run_dir = tmp_path / "run"
+    proc = _ddp_training_until_its_first_checkpoint(
+        run_dir, "train.preemption.check_every_n_steps=2", "callbacks.ddp_check.every_n_steps=2"
+    )
+    proc.send_signal(signal.SIGTERM)
+    output, _ = proc.communicate(timeout=120)
+    assert proc.returncode == 143, output[-4000:]
+    stopped = int(re.search(r"stops at the end of iteration (\d+)", output).group(1))
+    assert stopped % 2 == 0 and _state(run_dir)["pixelsmith"]["iteration"] == stopped
+    report = json.loads((run_dir / "ddp_consistency.json").read_text())
+    assert report["world_size"] == 2 and report["max_abs_diff"] == 0.0
+
+
+def _ddp_training_until_its_first_checkpoint(run_dir: Path, *overrides: str) -> subprocess.Popen:
+    """`python train.py debug=ddp ...` (2 gloo processes, endless max_steps) started and waited on until it has
+    written its first last.ckpt (at iteration 2): a run in progress to signal or to kill a rank of."""
     import random
 
-    run_dir = tmp_path / "run"
     args = [
         sys.executable,
         "train.py",
@@ -424,10 +415,9 @@ def test_sigterm_to_rank_0_of_two_processes_stops_both_at_one_iteration_with_las
         "eval.every_n_steps=0",
         "train.sample_every_n_steps=0",
         "train.checkpoint_every_n_steps=2",
-        "train.preemption.check_every_n_steps=2",
-        "callbacks.ddp_check.every_n_steps=2",
         "model.generator.ngf=16",
         "model.discriminator.ndf=16",
+        *overrides,
         f"hydra.run.dir={run_dir}",
     ]
     env = {**os.environ, "HYDRA_FULL_ERROR": "0", "MASTER_PORT": str(random.randint(20000, 29999))}
@@ -437,10 +427,4 @@ def test_sigterm_to_rank_0_of_two_processes_stops_both_at_one_iteration_with_las
     deadline = time.monotonic() + 300
     while not (run_dir / "checkpoints" / "last.ckpt").exists() and time.monotonic() < deadline:
         time.sleep(0.2)
-    proc.send_signal(signal.SIGTERM)
-    output, _ = proc.communicate(timeout=120)
-    assert proc.returncode == 143, output[-4000:]
-    stopped = int(re.search(r"stops at the end of iteration (\d+)", output).group(1))
-    assert stopped % 2 == 0 and _state(run_dir)["pixelsmith"]["iteration"] == stopped
-    report = json.loads((run_dir / "ddp_consistency.json").read_text())
-    assert report["world_size"] == 2 and report["max_abs_diff"] == 0.0
+    return proc

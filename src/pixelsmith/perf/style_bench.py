@@ -65,24 +65,6 @@ def overrides_for(spec: dict[str, Any]) -> list[str]:
     ]
 
 
-def _compose(overrides: list[str], output_dir: Path):
-    from hydra import compose, initialize_config_dir
-    from hydra.core.global_hydra import GlobalHydra
-    from omegaconf import open_dict
-
-    from pixelsmith.config.schema import register_configs
-    from pixelsmith.paths import CONF_DIR, register_resolvers
-
-    register_configs()
-    register_resolvers()
-    GlobalHydra.instance().clear()
-    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-        cfg = compose(config_name="train", overrides=overrides)
-    with open_dict(cfg):
-        cfg.paths.output_dir = str(output_dir)
-    return cfg
-
-
 def _run_template(cfg) -> list[float]:
     from omegaconf import open_dict
 
@@ -144,6 +126,8 @@ def child_main(spec: dict[str, Any]) -> dict[str, Any]:
 
     if spec.get("threads"):
         torch.set_num_threads(int(spec["threads"]))
+    from pixelsmith.perf.bench import _compose  # the GAN bench's: the real config tree, outputs in a temp dir
+
     cfg = _compose(overrides_for(spec), Path(spec["output_dir"]))
     iterations = spec["warmup"] + spec["steps"]
     ends = _run_template(cfg) if spec["kind"] == "template" else _run_plain(cfg, iterations)
