@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import logging
 import math
-import os
 import re
 import sys
 import traceback
@@ -26,7 +25,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from pixelsmith.core.preemption import RunPreempted
 from pixelsmith.errors import PixelsmithError
-from pixelsmith.launch import started_by_lightning_launcher
+from pixelsmith.launch import global_rank, started_by_lightning_launcher
 
 log = logging.getLogger("pixelsmith")
 
@@ -109,7 +108,7 @@ def explain_failure(err: BaseException, cfg: DictConfig) -> GPUFailureError | No
     else:
         return None
     message += _checkpoints_note(output_dir)
-    if int(os.environ.get("RANK", 0)) == 0 and output_dir.is_dir():
+    if global_rank() == 0 and output_dir.is_dir():
         trace = "".join(traceback.format_exception(err))
         (output_dir / "error_traceback.txt").write_text(trace)
         message += f" Full traceback: {output_dir / 'error_traceback.txt'}."
@@ -149,7 +148,7 @@ def guarded_run(job: Callable[[DictConfig], dict[str, Any]], cfg: DictConfig, ob
         _record(output_dir, {"status": "failed", "error": f"{type(err).__name__}: {err}"})
         return math.nan
     value = metrics.get(objective, math.nan)
-    if objective not in metrics and _is_multirun() and int(os.environ.get("RANK", 0)) == 0:
+    if objective not in metrics and _is_multirun() and global_rank() == 0:
         log.warning(
             "objective=%s is not among this run's final metrics (%s); the sweep sees NaN. Set objective= to one "
             "of them (e.g. objective=loss/G when evaluation is off).",

@@ -156,27 +156,26 @@ def _grouped_charts(series: dict[str, list[tuple[float, float]]]) -> list[str]:
     ]
 
 
+# Evaluation scores drawn together (one chart per group); any other numeric score gets a chart of its own.
+HISTORY_GROUPS = (("fid",), ("kid_mean",), ("precision", "recall"), ("inception_score",))
+HISTORY_SKIPPED = {"iteration", "num_generated", "num_real", "kid_std"}
+
+
 def _history_charts(history: list[dict[str, Any]], prefix: str) -> list[str]:
-    keys = sorted(
-        {k for h in history for k, v in h.items() if k != "iteration" and isinstance(v, int | float)}
-    )
-    charts = []
-    for group in (["fid"], ["kid_mean"], ["precision", "recall"], ["inception_score"]):
-        chosen = [k for k in group if k in keys]
-        if chosen:
-            charts.append(
-                svg_chart(
-                    f"{prefix}{', '.join(chosen)}",
-                    {k: [(h["iteration"], h[k]) for h in history if k in h] for k in chosen},
-                )
-            )
-    for key in keys:
-        if not any(key in g for g in (["fid"], ["kid_mean"], ["precision", "recall"], ["inception_score"])):
-            if key in ("num_generated", "num_real", "kid_std"):
-                continue
-            charts.append(
-                svg_chart(f"{prefix}{key}", {key: [(h["iteration"], h[key]) for h in history if key in h]})
-            )
+    keys = {
+        k for h in history for k, v in h.items() if k not in HISTORY_SKIPPED and isinstance(v, int | float)
+    }
+    grouped = {k for group in HISTORY_GROUPS for k in group}
+    groups = [[k for k in group if k in keys] for group in HISTORY_GROUPS]
+    groups += [[k] for k in sorted(keys - grouped)]
+    charts = [
+        svg_chart(
+            f"{prefix}{', '.join(group)}",
+            {k: [(h["iteration"], h[k]) for h in history if k in h] for k in group},
+        )
+        for group in groups
+        if group
+    ]
     return [c for c in charts if c]
 
 

@@ -266,8 +266,13 @@ def dead_ranks_of(trainer: L.Trainer) -> list[tuple[int, int, int]]:
 
 
 def _check_resume_path(ckpt_path: str | None) -> str | None:
+    return _resume_point(ckpt_path)[0]
+
+
+def _resume_point(ckpt_path: str | None) -> tuple[str | None, int | None]:
+    """The checkpoint to resume from, checked, and its iteration (None, None without one)."""
     if ckpt_path is None:
-        return None
+        return None, None
     path = Path(ckpt_path).expanduser()
     if not path.is_file():
         raise PixelsmithError(
@@ -285,11 +290,7 @@ def _check_resume_path(ckpt_path: str | None) -> str | None:
             "checkpoint written by train.py (a run's checkpoints/last.ckpt or step_*.ckpt); a checkpoint from "
             "another project needs converting to a plain state dict first."
         ) from err
-    _resume_iterations[str(path)] = int((state.get("pixelsmith") or {}).get("iteration", 0))
-    return str(path)
-
-
-_resume_iterations: dict[str, int] = {}  # checkpoint path -> its iteration, read by _check_resume_path
+    return str(path), int((state.get("pixelsmith") or {}).get("iteration", 0))
 
 
 def _quiet_library_logging() -> None:
@@ -333,10 +334,10 @@ def _fit(cfg: DictConfig) -> dict[str, Any]:
 
 
 def _fit_in(cfg: DictConfig, plan: RuntimePlan, output_dir: Path, ckpt_path: str | None) -> dict[str, Any]:
-    ckpt_path = _check_resume_path(ckpt_path)
+    ckpt_path, resume_iteration = _resume_point(ckpt_path)
     if launch_global_rank() == 0:
         # Before any logger opens it: metrics.csv holds this run's history up to the resumed iteration only.
-        align_metrics_with_resume(output_dir / "metrics.csv", _resume_iterations.get(ckpt_path or ""))
+        align_metrics_with_resume(output_dir / "metrics.csv", resume_iteration)
     apply_backend_settings(plan)
     if plan.compile:
         # Dynamo's caches outlive a run: in an in-process sweep, later jobs' networks would hit the recompile limit

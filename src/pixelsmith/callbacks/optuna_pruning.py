@@ -51,6 +51,7 @@ class OptunaPruning(Callback):
         self.trial = None
         self.pruned_at: int | None = None
         self._reported: set[int] = set()
+        self._evaluation = None  # the evaluation callback whose history is reported (False: the run has none)
 
     def setup(self, trainer, pl_module, stage: str) -> None:
         if not trainer.is_global_zero or self.trial is not None:
@@ -80,10 +81,12 @@ class OptunaPruning(Callback):
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         iteration = int(pl_module.iteration)
-        evaluation = next(
-            (c for c in trainer.callbacks if hasattr(c, "history") and hasattr(c, "monitor")), None
-        )
-        latest = evaluation.history[-1] if evaluation is not None and evaluation.history else None
+        if self._evaluation is None:  # found once: this hook runs every iteration
+            self._evaluation = next(
+                (c for c in trainer.callbacks if hasattr(c, "history") and hasattr(c, "monitor")), False
+            )
+        evaluation = self._evaluation
+        latest = evaluation.history[-1] if evaluation and evaluation.history else None
         if latest is None or int(latest["iteration"]) != iteration or iteration in self._reported:
             return  # no evaluation at this iteration: nothing to report, no collective
         self._reported.add(iteration)

@@ -25,6 +25,7 @@ import time
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 import lightning as L
@@ -486,15 +487,12 @@ class TrainingCore(L.LightningModule):
             "for NaNs. The limit is train.nonfinite_max_consecutive."
         )
 
-    def world_all_reduce(self, tensor: torch.Tensor) -> torch.Tensor:
-        """Sum a tensor over ranks (identity on one process); for augmentation statistics and the like."""
+    def world_all_reduce(self, tensor: torch.Tensor, op: str = "sum") -> torch.Tensor:
+        """Reduce a tensor over ranks in place, "sum" or "max" (identity on one process); for augmentation
+        statistics, the time budget, the preemption signal and the like."""
         if self._trainer is not None and self.trainer.world_size > 1:
-            torch.distributed.all_reduce(tensor)
-        return tensor
-
-    def _world_max_reduce(self, tensor: torch.Tensor) -> torch.Tensor:
-        if self._trainer is not None and self.trainer.world_size > 1:
-            torch.distributed.all_reduce(tensor, op=torch.distributed.ReduceOp.MAX)
+            reduce_op = torch.distributed.ReduceOp.MAX if op == "max" else torch.distributed.ReduceOp.SUM
+            torch.distributed.all_reduce(tensor, op=reduce_op)
         return tensor
 
     @property
@@ -532,13 +530,12 @@ class TrainingCore(L.LightningModule):
         )
         logging = iteration % self.core.log_every_n_steps == 0
         check_every = self.core.preemption_check_every_n_steps or self.core.log_every_n_steps
-        with host_reads_allowed():  # several ranks agree every `check_every` iterations (and at the last)
-            self.preempted_by = self.preemption.requested(
-                self.world_size,
-                self._world_max_reduce,
-                self.device,
-                may_sync=iteration % check_every == 0 or last,
-            )
+        self.preempted_by = self.preemption.requested(  # several ranks agree every `check_every` iterations
+            self.world_size,
+            partial(self.world_all_reduce, op="max"),
+            self.device,
+            may_sync=iteration % check_every == 0 or last,
+        )
         last = last or self.preempted_by is not None
         # The reads below are deliberate (train.host_sync_check lets them pass): a logging iteration, the last one
         # (which the time budget decides, so no one can know it in advance), or one that already waited.

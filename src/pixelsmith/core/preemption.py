@@ -28,6 +28,7 @@ from collections.abc import Callable, Sequence
 
 import torch
 
+from pixelsmith.core.host_reads import host_reads_allowed
 from pixelsmith.errors import PixelsmithError
 
 log = logging.getLogger(__name__)
@@ -86,9 +87,10 @@ class PreemptionSignals:
             return self.received
         if not may_sync:
             return None
-        flag = torch.tensor(float(self.received or 0), device=device)
-        max_reduce(flag)
-        agreed = int(flag.item())
+        with host_reads_allowed():  # a deliberate read, at check iterations only (train.host_sync_check)
+            flag = torch.tensor(float(self.received or 0), device=device)
+            max_reduce(flag)
+            agreed = int(flag.item())
         return agreed or None
 
 
