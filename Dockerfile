@@ -28,6 +28,7 @@ COPY src ./src
 COPY conf ./conf
 COPY data ./data
 COPY train.py evaluate.py stylize.py bench.py ./
+COPY benchmarks ./benchmarks
 RUN pip install -c constraints.txt . \
     && useradd --create-home --uid 10001 --user-group pixelsmith \
     && mkdir -p /workspace/outputs \

@@ -10,10 +10,12 @@ from omegaconf import DictConfig
 
 from pixelsmith.config.schema import register_configs
 from pixelsmith.entry import guarded_run
+from pixelsmith.hardware import register_detected_profile
 from pixelsmith.paths import register_resolvers
 
 register_configs()
 register_resolvers()  # ${pixelsmith.data_dir:} in conf/paths/default.yaml
+register_detected_profile()  # hardware=auto composes this machine's profile (conf/hardware/auto.yaml)
 
 
 @hydra.main(version_base="1.3", config_path="conf", config_name="evaluate")

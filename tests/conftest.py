@@ -15,6 +15,7 @@ from hydra.core.global_hydra import GlobalHydra
 from omegaconf import DictConfig, open_dict
 
 from pixelsmith.config.schema import register_configs
+from pixelsmith.hardware import register_detected_profile
 from pixelsmith.paths import CONF_DIR, REPO_ROOT
 
 register_configs()
@@ -22,6 +23,7 @@ torch.set_num_threads(min(2, os.cpu_count() or 1))
 
 # Small, quiet, fast: every test run trains on CPU in fp32 unless it asks otherwise.
 FAST = [
+    "~local",  # a developer's own conf/local/default.yaml must not change what the tests compose
     "hardware=cpu",
     "train.progress_bar=false",
     "logger=csv",
@@ -47,6 +49,9 @@ SMALL = {
 
 
 def compose_config(overrides: list[str], output_dir: Path, config_name: str = "train") -> DictConfig:
+    # As the entry points do before composing: hardware=auto composes the profile detected now (a test that mocks
+    # torch.cuda composes inside its mock).
+    register_detected_profile()
     GlobalHydra.instance().clear()
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
         cfg = compose(config_name=config_name, overrides=overrides)
@@ -81,3 +86,28 @@ def run_cli(args: list[str], cwd: Path = REPO_ROOT, timeout: int = 600, env_extr
         timeout=timeout,
         check=False,
     )
+
+
+# The fast default: `pytest` runs what checks behaviour in-process (about 2 minutes on 2 cores); `pytest --all` adds
+# the slow tests (subprocesses, several processes, sweeps) and the benchmark tooling's tests, as CI does. An explicit
+# `-m` expression (`pytest -m gpu`, `-m bench`) is honoured as given.
+FAST_SELECTION = "not slow and not bench"
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--all",
+        action="store_true",
+        default=False,
+        help=f"run every test; without it (and without -m) only `{FAST_SELECTION}` runs",
+    )
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    if not config.getoption("--all") and not config.option.markexpr:
+        config.option.markexpr = FAST_SELECTION
+
+
+def pytest_report_header(config: pytest.Config) -> str:
+    selection = config.option.markexpr or "every test"
+    return f"pixelsmith test selection: {selection} (`pytest --all` runs every test, as CI does)"

@@ -137,6 +137,7 @@ def test_multirun_runs_each_job_in_its_own_dir_and_survives_a_failing_job(tmp_pa
     assert "sweep summary" in result.stdout + result.stderr
 
 
+@pytest.mark.slow  # a subprocess or many compositions: the full run (`pytest --all`) only
 def test_bad_resume_path_names_the_fix(tmp_path):
     result = run_cli(["train.py", "hardware=cpu", "ckpt_path=/nope/last.ckpt", f"hydra.run.dir={tmp_path}/r"])
     assert result.returncode == 2
@@ -145,6 +146,7 @@ def test_bad_resume_path_names_the_fix(tmp_path):
     assert "Traceback" not in text
 
 
+@pytest.mark.slow  # a subprocess or many compositions: the full run (`pytest --all`) only
 def test_a_run_and_its_resume_print_lightning_once_and_no_library_warnings(tmp_path):
     """Lightning's messages appeared twice (its own console handler and Hydra's); CSVLogger warned that it would
     delete the logs; a resume warned about weights_only."""

@@ -92,6 +92,7 @@ def test_a_preemption_signal_ends_the_iteration_with_last_ckpt_and_the_rerun_res
     assert logged == [3.0, 6.0]
 
 
+@pytest.mark.slow  # a subprocess or many compositions: the full run (`pytest --all`) only
 def test_a_signalled_training_process_exits_for_requeue_and_its_rerun_resumes(tmp_path):
     """SIGTERM to a real `python train.py`: status 143, last.ckpt at the iteration it names; the same command again
     resumes there by itself."""
@@ -172,6 +173,7 @@ def test_metrics_end_at_the_resumed_iteration_and_an_overwritten_runs_move_aside
     assert not path.exists() and len(list(tmp_path.glob("metrics.replaced-*.csv"))) == 1
 
 
+@pytest.mark.slow  # a subprocess or many compositions: the full run (`pytest --all`) only
 def test_a_refused_command_line_run_writes_nothing_into_the_dir(tmp_path):
     """`python train.py hydra.run.dir=<a dir another run owns>`: exit 2 with one paragraph, before Hydra saves its
     config or opens its log there."""
@@ -196,7 +198,7 @@ def test_a_refused_command_line_run_writes_nothing_into_the_dir(tmp_path):
 
 
 def test_the_launcher_decides_nodes_and_processes(monkeypatch, make_cfg):
-    from pixelsmith.train import build_plan
+    from pixelsmith.builders import build_plan
 
     for key in list(os.environ):
         if key.startswith(("SLURM_", "TORCHELASTIC_")) or key in ("RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE"):
@@ -313,6 +315,7 @@ exit 1
 """
 
 
+@pytest.mark.slow  # a subprocess: the full run (`pytest --all`) only
 def test_the_slurm_launcher_renders_the_golden_sbatch_script(tmp_path):
     """`python train.py -m hydra/launcher=slurm ...` through hydra-submitit-launcher, up to the sbatch call: nodes,
     tasks and GPUs follow the hardware keys, and the time, partition, requeue and warning signal are set."""

@@ -9,9 +9,9 @@ import pytest
 from hydra.errors import ConfigCompositionException
 from omegaconf.errors import ValidationError
 
+from pixelsmith.builders import build_plan
 from pixelsmith.hardware import HardwareError, resolve_plan
 from pixelsmith.paths import CONF_DIR
-from pixelsmith.train import build_plan
 from tests.conftest import compose_config, run_cli
 
 GROUPS = [
@@ -27,6 +27,8 @@ GROUPS = [
     "experiment",
     "debug",
     "paths",
+    "profiler",
+    "hparams_search",
 ]
 
 
@@ -69,12 +71,14 @@ def test_typo_inside_a_yaml_option_is_rejected_by_the_schema(tmp_path):
     assert "chanels_last" in f"{err.value} {err.value.__cause__}"
 
 
+@pytest.mark.slow  # a subprocess: the full run (`pytest --all`) only
 def test_cfg_job_prints_composed_config_on_cpu():
     result = run_cli(["train.py", "--cfg", "job", "hardware=v100", "precision=16-mixed"], timeout=120)
     assert result.returncode == 0, result.stderr
     assert "name: v100" in result.stdout and "name: 16-mixed" in result.stdout
 
 
+@pytest.mark.slow  # a subprocess or many compositions: the full run (`pytest --all`) only
 def test_hardware_v100_without_cuda_stops_and_names_the_fix(tmp_path):
     # No GPU for this process, also on a machine that has one.
     result = run_cli(
@@ -90,9 +94,8 @@ def test_hardware_v100_without_cuda_stops_and_names_the_fix(tmp_path):
 
 
 def test_auto_detects_cpu_and_cli_precision_wins(tmp_path):
-    cfg = compose_config(["precision=32-true"], tmp_path)
-    with _no_cuda():
-        plan = build_plan(cfg)
+    with _no_cuda():  # hardware=auto is detected when the config is composed: compose inside the mock
+        plan = build_plan(compose_config(["precision=32-true"], tmp_path))
         assert plan.profile == "cpu" and plan.accelerator == "cpu" and plan.precision == "32-true"
         plan = build_plan(compose_config([], tmp_path))
     assert plan.precision in ("bf16-mixed", "32-true")  # bf16 only where the CPU has it natively
@@ -131,12 +134,11 @@ CUDA13_ARCHS = ["sm_75", "sm_80", "sm_86", "sm_90", "sm_100", "sm_120"]  # torch
 
 
 def test_v100_with_a_cuda13_torch_is_refused_with_the_build_to_install(tmp_path):
-    cfg = compose_config(["hardware=auto"], tmp_path)
     with (
         _fake_cuda("Tesla V100-SXM2-16GB", (7, 0), False, arch_list=CUDA13_ARCHS),
         pytest.raises(HardwareError) as err,
     ):
-        build_plan(cfg)
+        build_plan(compose_config(["hardware=auto"], tmp_path))
     text = str(err.value)
     assert "sm_70" in text and "V100" in text and "cu126" in text and "get_arch_list" in text
     # The same wheel runs an H100, an A10 (sm_86 binary) and an L4 (sm_89 on the sm_86 binary).
@@ -146,7 +148,7 @@ def test_v100_with_a_cuda13_torch_is_refused_with_the_build_to_install(tmp_path)
         ("NVIDIA L4", (8, 9)),
     ):
         with _fake_cuda(name, capability, True, arch_list=CUDA13_ARCHS):
-            assert build_plan(cfg).accelerator == "cuda"
+            assert build_plan(compose_config(["hardware=auto"], tmp_path)).accelerator == "cuda"
 
 
 @pytest.mark.parametrize(
@@ -178,9 +180,10 @@ def test_torch_build_architecture_rules(capability, arch_list, supported):
     ],
 )
 def test_auto_detection_with_a_mocked_gpu(tmp_path, device_name, capability, bf16, profile, precision):
-    cfg = compose_config([], tmp_path)
     with _fake_cuda(device_name, capability, bf16):
+        cfg = compose_config([], tmp_path)  # the mocked GPU is detected at composition
         plan = build_plan(cfg)
+    assert cfg.hardware.name == profile and cfg.hardware.accelerator == "cuda"
     assert plan.profile == profile and plan.accelerator == "cuda" and plan.precision == precision
     assert plan.cudnn_benchmark and plan.pin_memory
     assert plan.allow_tf32 == (profile != "v100")
@@ -251,3 +254,279 @@ def test_augment_options_are_typed(tmp_path, override):
         compose_config([f"augment={option}", override], tmp_path)
     key = override.split("=")[0].split(".")[1]
     assert key in f"{err.value} {err.value.__cause__}"
+
+
+# --- No holes in the schemas (the `*/config.py` schemas, pixelsmith/choices.py) ------------------------------------------------
+
+HOLES = [
+    # (overrides, the key the message must name, what else it must say: the allowed values or the schema)
+    (["data=mnist", "data.root=/does/not/exist"], "data.root", "MNISTDataConfig"),
+    (["data=mnist", "data.on_corrupt=explode"], "data.on_corrupt", "MNISTDataConfig"),
+    (["data=mnist", "data.extensions=[png]"], "data.extensions", "MNISTDataConfig"),
+    (["data=image_folder", "data.root=/tmp", "data.on_corrupt=explode"], "data.on_corrupt", "skip, error"),
+    (
+        ["data=image_folder", "data.root=/tmp", "data.on_device=true"],
+        "data.on_device",
+        "ImageFolderDataConfig",
+    ),
+    (["data=style_content", "data.extensions=[png]"], "data.extensions", "StyleContentDataConfig"),
+    (["data=style_content", "data.on_corrupt=ignore"], "data.on_corrupt", "skip, error"),
+    (["hardware.accelerator=tpu"], "hardware.accelerator", "cpu, cuda"),
+    (["hardware.matmul_precision=low"], "hardware.matmul_precision", "highest, high, medium"),
+    (["hardware.compile_mode=fast"], "hardware.compile_mode", "reduce-overhead, max-autotune"),
+    (["hardware.optimizer_impl=apex"], "hardware.optimizer_impl", "auto, fused, foreach, for_loop"),
+    (["hardware.precision=fp8"], "hardware.precision", "32-true, 16-mixed, bf16-mixed"),
+    (["precision.name=fp8"], "precision.name", "auto, 32-true, 16-mixed, bf16-mixed"),
+    (["strategy.name=deepspeed"], "strategy.name", "auto, ddp, fsdp"),
+    (["strategy.process_group_backend=mpi"], "strategy.process_group_backend", "nccl, gloo"),
+    (["schedule.name=linear"], "schedule.name", "constant, warmup_cosine"),
+    (["train.host_sync_check=loud"], "train.host_sync_check", "off, warn, error"),
+    (["eval.extractor=clip"], "eval.extractor", "mnist, inception"),
+    (["model.generator.norm=layer"], "model.generator.norm", "batch, instance, none"),
+    (["model.generator.w_dim=64"], "model.generator.w_dim", "DCGANGeneratorConfig"),
+    (["model.discriminator.ngf=8"], "model.discriminator.ngf", "DCGANDiscriminatorConfig"),
+    (["model.generator.z_dim=many"], "model.generator.z_dim", "many"),
+    (
+        ["model=stylegan2", "model.discriminator.ndf=8"],
+        "model.discriminator.ndf",
+        "StyleGAN2DiscriminatorConfig",
+    ),
+    (["model=stylegan2", "model.generator.norm=batch"], "model.generator.norm", "StyleGAN2GeneratorConfig"),
+    (["experiment=style_fast", "model.loss_net.arch=vgg11"], "model.loss_net.arch", "vgg16, vgg19"),
+    (
+        ["experiment=style_fast", "model.stylizer.output_activation=tanh"],
+        "output_activation",
+        "sigmoid, none",
+    ),
+    (["experiment=style_adain", "model.validation.lpips_net=resnet"], "lpips_net", "alex, vgg, squeeze"),
+]
+
+
+@pytest.mark.parametrize(("overrides", "key", "said"), HOLES, ids=[" ".join(h[0]) for h in HOLES])
+def test_each_schema_hole_fails_at_composition_naming_the_key(tmp_path, overrides, key, said):
+    with pytest.raises((ConfigCompositionException, ValidationError)) as err:
+        compose_config(overrides, tmp_path)
+    text = f"{err.value} {err.value.__cause__}"
+    assert key in text and said in text, text
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        (["data=mnist", "+data.root=/tmp"], "data.root is not a key of MNISTDataConfig"),
+        (["+hardware.batchsize=8"], "did you mean hardware.batch_size?"),
+        (
+            ["experiment=style_fast", "+model.loss_net.weights=/x.pth"],
+            "did you mean model.loss_net.weights_path?",
+        ),
+    ],
+)
+def test_a_key_added_with_plus_to_a_typed_node_is_refused_before_the_run(tmp_path, overrides, message):
+    """`+key=value` adds a key past the schema (Hydra allows it); nothing would read it, so the run stops."""
+    from pixelsmith.config.validate import ConfigValueError, validate_config
+
+    with pytest.raises(ConfigValueError) as err:
+        validate_config(compose_config(overrides, tmp_path))
+    assert message in str(err.value) and "1 invalid value" in str(err.value)
+
+
+def test_choice_values_from_yaml_files_are_checked_too(tmp_path):
+    bad = tmp_path / "conf"
+    (bad / "data").mkdir(parents=True)
+    (bad / "data" / "broken.yaml").write_text(
+        "defaults:\n  - _image_folder_schema\n  - _self_\n_target_: pixelsmith.data.image_folder.ImageFolderDataModule\n"
+        "name: broken\nroot: /tmp\non_corrupt: explode\n"
+    )
+    with pytest.raises((ConfigCompositionException, ValidationError)) as err:
+        compose_config([f"hydra.searchpath=[file://{bad}]", "data=broken"], tmp_path)
+    assert "data.on_corrupt" in str(err.value) and "skip, error" in str(err.value)
+
+
+@pytest.mark.slow  # a subprocess or many compositions: the full run (`pytest --all`) only
+def test_every_choice_value_composes_and_stays_a_plain_string(tmp_path):
+    """Each allowed value of every choice composes (the command lines and YAMLs that worked still do), and the
+    composed config holds plain strings: the run config stored in checkpoints loads with weights_only=True."""
+    import io
+
+    import torch
+    from omegaconf import OmegaConf
+
+    schema = _all_schemas()
+
+    overrides = [
+        ("hardware.accelerator", schema.Accelerator),
+        ("hardware.matmul_precision", schema.MatmulPrecision),
+        ("hardware.compile_mode", schema.CompileMode),
+        ("hardware.optimizer_impl", schema.OptimizerImpl),
+        ("hardware.precision", schema.Precision),
+        ("precision", schema.PrecisionName),  # the group's options carry the same names
+        ("precision.name", schema.PrecisionName),
+        ("strategy.name", schema.Strategy),
+        ("strategy.process_group_backend", schema.ProcessGroupBackend),
+        ("schedule.name", schema.Schedule),
+        ("train.host_sync_check", schema.HostSyncMode),
+        ("eval.extractor", schema.Extractor),
+        ("model.generator.norm", schema.DCGANNorm),
+        ("model.discriminator.norm", schema.DCGANNorm),
+    ]
+    for key, enum in overrides:
+        for member in enum:
+            cfg = compose_config([f"{key}={member.value}"], tmp_path)
+            value = OmegaConf.select(cfg, key if key != "precision" else "precision.name")
+            assert value == member.value and type(value) is str, (key, value)
+    for key, enum in (("data.on_corrupt", schema.OnCorrupt),):
+        for member in enum:
+            cfg = compose_config(["data=style_content", f"{key}={member.value}"], tmp_path)
+            assert type(cfg.data.on_corrupt) is str
+    cfg = compose_config(["experiment=style_fast", "model.stylizer.output_activation=none"], tmp_path)
+    buffer = io.BytesIO()
+    torch.save(OmegaConf.to_container(cfg, resolve=True), buffer)
+    buffer.seek(0)
+    stored = torch.load(buffer, weights_only=True)
+    assert (
+        stored["model"]["stylizer"]["output_activation"] == "none"
+        and stored["model"]["loss_net"]["arch"] == "vgg16"
+    )
+
+
+def test_value_tuples_other_modules_import_are_derived_from_the_enums():
+    schema = _all_schemas()
+
+    assert schema.PRECISIONS == ("32-true", "16-mixed", "bf16-mixed")
+    assert schema.STRATEGIES == ("auto", "ddp", "fsdp")
+    assert schema.SCHEDULES == ("constant", "warmup_cosine")
+    assert schema.HOST_SYNC_MODES == ("off", "warn", "error")
+    from pixelsmith.core.optim import OPTIMIZER_IMPLS
+
+    assert tuple(schema.OptimizerImpl) == OPTIMIZER_IMPLS
+
+
+def _all_schemas():
+    """Every schema module's names in one namespace (each schema lives beside its code: `*/config.py`)."""
+    import types
+
+    from pixelsmith import hardware_config
+    from pixelsmith.augment import config as augment_config
+    from pixelsmith.config import schema as root
+    from pixelsmith.core import config as core_config
+    from pixelsmith.data import config as data_config
+    from pixelsmith.gan import config as gan_config
+    from pixelsmith.metrics import config as metrics_config
+    from pixelsmith.perf import config as perf_config
+    from pixelsmith.style import config as style_config
+
+    names: dict = {}
+    for module in (
+        root,
+        core_config,
+        hardware_config,
+        data_config,
+        augment_config,
+        gan_config,
+        style_config,
+        metrics_config,
+        perf_config,
+    ):
+        names.update({k: v for k, v in vars(module).items() if not k.startswith("_")})
+    return types.SimpleNamespace(**names)
+
+
+def _constructor_args(cls) -> set[str]:
+    import inspect
+
+    names: set[str] = set()
+    for klass in cls.__mro__:
+        if klass is object or "__init__" not in vars(klass):
+            continue
+        params = inspect.signature(klass.__init__).parameters.values()
+        names |= {
+            p.name for p in params if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY) and p.name != "self"
+        }
+        if not any(p.kind == p.VAR_KEYWORD for p in params):
+            break
+    return names
+
+
+@pytest.mark.parametrize(
+    "schema_name",
+    [
+        "DCGANGeneratorConfig",
+        "DCGANDiscriminatorConfig",
+        "StyleGAN2GeneratorConfig",
+        "StyleGAN2DiscriminatorConfig",
+        "MNISTDataConfig",
+        "ImageFolderDataConfig",
+        "StyleContentDataConfig",
+    ],
+)
+def test_typed_configs_match_their_classes_arguments(schema_name):
+    """A network config holds exactly its constructor's arguments; a data config only keys its datamodule takes
+    (train.py adds accumulate, max_steps and seed)."""
+    import dataclasses
+
+    from hydra.utils import get_class
+
+    schema = _all_schemas()
+
+    config = getattr(schema, schema_name)
+    keys = {f.name for f in dataclasses.fields(config)} - {"_target_", "name"}
+    accepted = _constructor_args(get_class(config._target_))
+    if schema_name.endswith("DataConfig"):
+        assert keys <= accepted, keys - accepted
+        assert accepted - keys <= {"accumulate", "max_steps", "seed", "on_device"}, accepted - keys
+    else:
+        assert keys == accepted, keys ^ accepted
+
+
+@pytest.mark.parametrize(
+    ("schema_name", "passed_by_train"),
+    [
+        ("GANModelConfig", {"core", "augment"}),
+        ("GANObjectiveConfig", set()),
+        ("FastStyleModelConfig", {"core"}),
+        ("AdaINModelConfig", {"core"}),
+    ],
+)
+def test_model_schemas_and_their_modules_take_the_same_keys(schema_name, passed_by_train):
+    """The model schemas and the modules' constructors are kept in step by this test, not by hand: a key added to
+    one and not the other fails here instead of composing and then failing (or being ignored) at build time."""
+    import dataclasses
+
+    from hydra.utils import get_class
+
+    schema = _all_schemas()
+
+    config = getattr(schema, schema_name)
+    keys = {f.name for f in dataclasses.fields(config)} - {"_target_"}
+    accepted = _constructor_args(get_class(config._target_)) - {"_target_"}
+    assert keys == accepted - passed_by_train, keys ^ (accepted - passed_by_train)
+
+
+def test_a_forks_own_networks_compose_with_the_untyped_gan_schema(tmp_path):
+    fork = tmp_path / "conf"
+    (fork / "model").mkdir(parents=True)
+    dcgan = (CONF_DIR / "model" / "dcgan.yaml").read_text()
+    own = dcgan.replace("_dcgan_schema", "_gan_schema").replace(
+        "  norm: batch\n", "  norm: batch\n  my_own_width: 3\n", 1
+    )
+    (fork / "model" / "mygan.yaml").write_text(own.replace("name: dcgan", "name: mygan"))
+    cfg = compose_config([f"hydra.searchpath=[file://{fork}]", "model=mygan"], tmp_path)
+    assert cfg.model.generator.my_own_width == 3 and cfg.model.name == "mygan"
+
+
+@pytest.mark.slow  # a subprocess: the full run (`pytest --all`) only
+def test_train_py_refuses_a_key_the_datamodule_does_not_take(tmp_path):
+    result = run_cli(
+        [
+            "train.py",
+            "data=mnist",
+            "data.root=/does/not/exist",
+            "data.on_corrupt=explode",
+            f"hydra.run.dir={tmp_path / 'run'}",
+        ],
+        timeout=120,
+    )
+    text = result.stdout + result.stderr
+    assert result.returncode != 0
+    assert "data.root" in text and "MNISTDataConfig" in text and "Traceback" not in text
+    assert not (tmp_path / "run" / "checkpoints").exists()

@@ -12,12 +12,19 @@ from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 from pixelsmith.callbacks.checkpoint import IterationCheckpoint
-from pixelsmith.config.schema import OptimizerConfig, ScheduleConfig
+from pixelsmith.core.config import OptimizerConfig, ScheduleConfig
 from pixelsmith.core.ema import EMA
-from pixelsmith.core.module import CoreSettings, NonFiniteError, OptimizerDefinition, TrainingCore
+from pixelsmith.core.module import (
+    CoreSettings,
+    IterationResult,
+    NonFiniteError,
+    OptimizerDefinition,
+    TrainingCore,
+)
 from pixelsmith.core.schedules import lr_multiplier
 from pixelsmith.data.base import BatchSizeError, per_rank_batch
 from pixelsmith.data.sampler import IterationSampler
+from pixelsmith.errors import PixelsmithError
 
 
 class TinyCore(TrainingCore):
@@ -56,7 +63,7 @@ class TinyCore(TrainingCore):
 
         opt.step = recording_step
 
-    def training_step(self, batch, batch_idx):
+    def train_iteration(self, batch):
         x, y = batch
         self.weights_before.append(self.net.weight.detach().clone())
         with self.autocast():
@@ -68,7 +75,7 @@ class TinyCore(TrainingCore):
                 math.nan
             )  # a finite loss with NaN gradients (e.g. a bad custom backward)
         self.step("net")
-        self.end_iteration(x.shape[0], {"loss": loss.detach()})
+        return IterationResult(x.shape[0], {"loss": loss.detach()})
 
 
 def _fit(module: TinyCore, callbacks=(), steps: int = 4) -> L.Trainer:
@@ -194,11 +201,11 @@ class TwoOptimizerCore(TinyCore):
             OptimizerDefinition("other", list(self.other.parameters()), config),
         ]
 
-    def training_step(self, batch, batch_idx):
+    def train_iteration(self, batch):
         x, _ = batch
         self.loss_backward(self.other(x).square().mean() * math.nan, "other")
         self.step("other")
-        super().training_step(batch, batch_idx)  # "net" steps fine every iteration
+        return super().train_iteration(batch)  # "net" steps fine every iteration
 
 
 @pytest.mark.parametrize("impl", ["foreach", "fused"])
@@ -276,3 +283,36 @@ def test_global_batch_must_divide_across_processes():
     with pytest.raises(BatchSizeError) as err:
         per_rank_batch(15, 2, 1)
     assert "data.batch_size=15" in str(err.value) and "data.batch_size=14" in str(err.value)
+
+
+class ForgetfulCore(TinyCore):
+    """A model that backpropagates but forgets to step: the core must refuse, not carry gradients over."""
+
+    def train_iteration(self, batch):
+        x, y = batch
+        self.loss_backward((self.net(x) - y).square().mean(), "net")
+        return IterationResult(x.shape[0])
+
+
+class NoResultCore(TinyCore):
+    def train_iteration(self, batch):
+        super().train_iteration(batch)  # steps, but returns nothing
+
+
+@pytest.mark.parametrize(
+    ("module_cls", "message"),
+    [
+        (ForgetfulCore, r"loss_backward for optimizer\(s\) \['net'\] without self.step"),
+        (NoResultCore, "IterationResult"),
+    ],
+)
+def test_the_core_ends_the_iteration_and_refuses_a_broken_contract(module_cls, message):
+    with pytest.raises(PixelsmithError, match=message):
+        _fit(module_cls(CoreSettings(max_steps=2)))
+
+
+def test_the_core_stops_at_max_steps_without_the_model_asking():
+    module = TinyCore(CoreSettings(max_steps=3))
+    trainer = _fit(module, steps=3)
+    # The Trainer runs with max_steps=-1 in train.py; here too the core alone ends the run.
+    assert module.iteration == 3 and trainer.should_stop

@@ -162,6 +162,7 @@ def test_the_check_is_cached_so_a_rerun_decodes_nothing_again(tmp_path, monkeypa
     assert image_check.CACHE_VERSION == 1
 
 
+@pytest.mark.slow  # a subprocess or many compositions: the full run (`pytest --all`) only
 def test_on_corrupt_error_stops_before_the_first_iteration_in_one_paragraph(tmp_path):
     from tests.conftest import run_cli
 
@@ -280,6 +281,7 @@ def test_a_large_png_is_decoded_once_to_the_training_size_and_cached(tmp_path, m
     assert len(decodes) == 3
 
 
+@pytest.mark.slow  # a subprocess or many compositions: the full run (`pytest --all`) only
 def test_a_killed_loader_worker_ends_the_run_with_one_paragraph_naming_it(
     make_cfg, tmp_path, monkeypatch, caplog
 ):

@@ -45,6 +45,7 @@ def test_training_logs_fid_over_time_and_keeps_the_best_checkpoint(trained_run):
     assert "eval/fid" in header and "eval/kid_mean" in header and "eval/precision" in header
 
 
+@pytest.mark.slow  # a subprocess or many compositions: the full run (`pytest --all`) only
 def test_evaluate_uses_the_checkpoint_model_config_whatever_the_experiment(trained_run, tmp_path):
     ckpt = trained_run / "checkpoints" / "last.ckpt"
     out = tmp_path / "evaluation"
@@ -67,6 +68,7 @@ def test_evaluate_uses_the_checkpoint_model_config_whatever_the_experiment(train
     assert "using the checkpoint's" in result.stdout + result.stderr
 
 
+@pytest.mark.slow  # a subprocess or many compositions: the full run (`pytest --all`) only
 def test_missing_inception_weights_name_the_file_and_where_to_put_it(trained_run, tmp_path):
     result = run_cli(
         [

@@ -94,8 +94,8 @@ def test_fsdp_matches_ddp_writes_plain_checkpoints_and_resumes_exactly(tmp_path)
     for opt in fsdp["optimizer_states"]:
         assert len(opt["state"]) > 0 and sorted(opt["state"]) == list(range(len(opt["state"])))
         assert all(type(t) is torch.Tensor for s in opt["state"].values() for t in s.values())
+    from pixelsmith.builders import build_model
     from pixelsmith.core.module import CoreSettings
-    from pixelsmith.train import build_model
 
     model = build_model(compose_config(SMALL_DCGAN, tmp_path / "load"), CoreSettings())
     model.load_state_dict(fsdp["state_dict"], strict=True)
@@ -125,8 +125,8 @@ def test_fsdp_with_r1_fp16_and_clipping_matches_ddp(tmp_path):
         "precision=16-mixed",
         "accumulate=2",
         "max_steps=3",
-        "model.r1_gamma=1.0",
-        "model.r1_interval=1",
+        "model.objective.regularizers.r1.gamma=1.0",
+        "model.objective.regularizers.r1.interval=1",
         "train.clip_grad_norm=1e6",
         "train.log_every_n_steps=1",
         "callbacks.ddp_check.every_n_steps=0",
@@ -186,7 +186,7 @@ def test_fsdp_shards_every_gan_network_including_stylegan2(make_cfg, tmp_path, m
     cfg = make_cfg(
         "strategy=fsdp",
         "max_steps=2",
-        "model.r1_interval=1",
+        "model.objective.regularizers.r1.interval=1",
         "hardware.channels_last=false",
         model="stylegan2",
     )

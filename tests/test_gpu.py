@@ -21,6 +21,7 @@ import os
 import pytest
 import torch
 import torch._dynamo
+from omegaconf import OmegaConf
 
 from pixelsmith.train import run
 from tests.conftest import SMALL, compose_config, run_cli
@@ -33,7 +34,7 @@ pytestmark = [
     ),
 ]
 
-# A few iterations of everything: R1 (r1_interval=2: at iterations 0 and 2), samples and evaluation between them.
+# A few iterations of everything: R1 (R1 interval 2: at iterations 0 and 2), samples and evaluation between them.
 COMMON = [
     "train.progress_bar=false",
     "logger=csv",
@@ -87,7 +88,12 @@ GAN_CASES = {
         "augment.initial_p=0.5",
         "strategy=fsdp",
     ],
-    "dcgan-r1-ada": ["hardware=auto", "model.r1_gamma=1.0", "augment=ada", "augment.initial_p=0.5"],
+    "dcgan-r1-ada": [
+        "hardware=auto",
+        "model.objective.regularizers.r1.gamma=1.0",
+        "augment=ada",
+        "augment.initial_p=0.5",
+    ],
 }
 STYLE_CASES = {
     "style_fast": ["experiment=style_fast"],
@@ -113,9 +119,10 @@ def _config(overrides: list[str], out):
 
 def _train(overrides: list[str], out) -> dict[str, float]:
     cfg = _config(overrides, out)
-    with_r1 = cfg.model.get("r1_gamma", 0) and cfg.model.get("r1_interval")
+    r1 = OmegaConf.select(cfg, "model.objective.regularizers.r1")
+    with_r1 = r1 is not None and r1.gamma > 0
     if with_r1:
-        cfg.model.r1_interval = 2
+        r1.interval = 2
     metrics = run(cfg)
     plan = json.loads(json.dumps(_resolved(out)["runtime_plan"]))
     assert metrics["iteration"] == 3
@@ -238,8 +245,9 @@ def test_iterations_that_log_nothing_never_synchronise(case, tmp_path, monkeypat
     cfg.train.host_sync_check = "error"
     cfg.train.clip_grad_norm = 1.0
     cfg.eval.every_n_steps = 0
-    if cfg.model.get("r1_gamma") is not None:
-        cfg.model.r1_gamma = cfg.model.r1_gamma or 0.1
-        cfg.model.r1_interval = 2
+    r1 = OmegaConf.select(cfg, "model.objective.regularizers.r1")
+    if r1 is not None:
+        r1.gamma = r1.gamma or 0.1
+        r1.interval = 2
     metrics = run(cfg)  # raises HostSyncError / CUDA's sync error at the first synchronising call
     assert metrics["iteration"] == 9

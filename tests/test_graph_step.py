@@ -1,4 +1,4 @@
-"""The hand-captured CUDA-graph step of `bench.py`'s third column (`perf/plain_loop.py` GraphedPlainGAN).
+"""The hand-captured CUDA-graph step of `bench.py`'s third column (`benchmarks/plain_loop.py` GraphedPlainGAN).
 
 Capture itself needs CUDA; here the same code path runs with capture disabled: the static batch buffer, the two
 step variants (with and without lazy R1) and the iteration bookkeeping must train exactly as the plain loop does.
@@ -9,18 +9,24 @@ from __future__ import annotations
 import pytest
 import torch
 
-from pixelsmith.errors import PixelsmithError
-from pixelsmith.perf.plain_loop import (
+from benchmarks.plain_loop import (
     GraphedPlainGAN,
     StaticGraphStep,
     build_plain_gan,
     endless,
     plain_loader,
 )
-from pixelsmith.train import build_plan
+from pixelsmith.builders import build_plan
+from pixelsmith.errors import PixelsmithError
 from tests.conftest import FAST, SMALL, compose_config
 
-R1 = ["model.r1_gamma=0.1", "model.r1_interval=2", "data.batch_size=8"]
+pytestmark = pytest.mark.bench
+
+R1 = [
+    "model.objective.regularizers.r1.gamma=0.1",
+    "model.objective.regularizers.r1.interval=2",
+    "data.batch_size=8",
+]
 
 
 def _plain_gan(tmp_path, *overrides: str, capturable: bool = False):
@@ -37,10 +43,10 @@ def test_graphed_step_without_capture_trains_exactly_as_the_plain_loop(tmp_path)
     images = [next(batches).clone() for _ in range(5)]
     graphed = GraphedPlainGAN(twin, images[0], capture=False)
     used = []
-    for step in (graphed.main, graphed.with_r1):
+    for step in (graphed.main, graphed.regularized):
         original = step.step
         step.step = lambda x, original=original, step=step: (
-            used.append(step is graphed.with_r1),
+            used.append(step is graphed.regularized),
             original(x),
         )
     buffer = graphed.main.static_images.data_ptr()
@@ -87,6 +93,6 @@ def test_captured_step_replays_and_trains_on_the_gpu(tmp_path):
     for _ in range(4):
         graphed.step(next(batches))
     torch.cuda.synchronize()
-    assert graphed.main.graph is not None and graphed.with_r1.graph is not None
+    assert graphed.main.graph is not None and graphed.regularized.graph is not None
     assert any(not torch.equal(a, b) for a, b in zip(before, gan.G.parameters(), strict=True))
     assert all(torch.isfinite(p).all() for p in gan.G.parameters())

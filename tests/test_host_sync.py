@@ -24,8 +24,8 @@ ALL_ON = [
     "train.clip_grad_norm=1.0",
     "schedule=warmup_cosine",
     "schedule.warmup_steps=3",
-    "model.r1_gamma=0.1",
-    "model.r1_interval=2",
+    "model.objective.regularizers.r1.gamma=0.1",
+    "model.objective.regularizers.r1.interval=2",
     "augment=ada",
     "augment.initial_p=0.5",
     "augment.interval=2",
@@ -95,7 +95,10 @@ def test_a_host_decided_step_is_caught_and_named(make_cfg, tmp_path):
 def test_warn_mode_records_each_sync_and_training_goes_on(make_cfg, tmp_path, checks):
     metrics = run(
         make_cfg(
-            "hardware.optimizer_impl=foreach", "train.host_sync_check=warn", "max_steps=6", "model.r1_gamma=0"
+            "hardware.optimizer_impl=foreach",
+            "train.host_sync_check=warn",
+            "max_steps=6",
+            "model.objective.regularizers.r1.gamma=0",
         )
     )
     assert metrics["iteration"] == 6

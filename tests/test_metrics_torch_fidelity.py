@@ -22,6 +22,7 @@ from torch_fidelity.metric_isc import isc_features_to_metric
 from torch_fidelity.metric_kid import kid_features_to_metric
 from torch_fidelity.metric_prc import prc_features_to_metric
 
+from benchmarks.metrics_bench import Uint8Images
 from pixelsmith.metrics import (
     GanMetrics,
     InceptionFeatureExtractor,
@@ -32,7 +33,6 @@ from pixelsmith.metrics import (
     precision_recall,
     quantize_to_uint8,
 )
-from pixelsmith.metrics.bench import Uint8Images
 
 
 def _smooth_images(count: int, seed: int, contrast: float, brightness: float) -> torch.Tensor:
@@ -49,6 +49,7 @@ def inception_weights(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return make_random_fid_inception_weights(tmp_path_factory.mktemp("weights") / "random_fid_inception.pth")
 
 
+@pytest.mark.slow  # a subprocess or many compositions: the full run (`pytest --all`) only
 def test_fid_equals_torch_fidelity_with_the_same_weights_file(
     inception_weights: Path, tmp_path: Path
 ) -> None:

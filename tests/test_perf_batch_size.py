@@ -7,11 +7,11 @@ import json
 
 import pytest
 
+from pixelsmith.builders import build_plan
 from pixelsmith.errors import PixelsmithError
 from pixelsmith.perf import batch_size as auto
 from pixelsmith.perf import memory
 from pixelsmith.perf.batch_size import Trial, choose_batch_size, search_batch_size
-from pixelsmith.train import build_plan
 
 
 def _linear_memory(base: float, per_image: float, budget: float):
@@ -53,6 +53,7 @@ def test_no_margin_when_memory_is_not_the_limit_and_an_error_when_nothing_fits()
 
 
 @pytest.mark.skipif(not memory.can_reset_peak_rss(), reason="needs Linux /proc/self/clear_refs")
+@pytest.mark.slow  # a subprocess or many compositions: the full run (`pytest --all`) only
 def test_auto_batch_on_a_ram_budget_with_real_iterations(make_cfg, tmp_path, monkeypatch):
     monkeypatch.delenv(auto.ENV_KEY, raising=False)
     # Narrow networks at 64 px: activation memory is large per FLOP, so trials reach the budget quickly.

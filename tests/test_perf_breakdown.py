@@ -11,7 +11,7 @@ import time
 import pytest
 from PIL import Image
 
-from pixelsmith.perf import bench
+from benchmarks.harness import CLOCK_TARGET, IterationClock
 from pixelsmith.perf.breakdown import PHASE_TOLERANCE
 from pixelsmith.perf.timer import DATA_WAIT, OTHER_IN_STEP, OTHER_LOOP, StepTimer, measure_overhead
 from pixelsmith.train import run
@@ -68,15 +68,15 @@ def breakdown_run(tmp_path_factory):
             *SMALL["dcgan"],
             "precision=32-true",
             "augment=diffaugment",
-            "model.r1_gamma=1.0",
-            "model.r1_interval=4",
+            "model.objective.regularizers.r1.gamma=1.0",
+            "model.objective.regularizers.r1.interval=4",
             "max_steps=10",
             "profiler=breakdown",
             "profiler.every_n_steps=2",
             "profiler.peak_tflops=1.0",  # no CPU GEMM measurement in tests
             "train.sample_every_n_steps=0",
             "eval.every_n_steps=0",  # no FID at start/end: not what these tests measure
-            "+callbacks.clock._target_=pixelsmith.perf.bench.IterationClock",
+            f"+callbacks.clock._target_={CLOCK_TARGET}",
         ],
         out,
     )
@@ -96,7 +96,7 @@ def test_breakdown_of_a_real_run_sums_to_the_step_time(breakdown_run):
     )
     # Independent clock: perf_counter at each on_train_batch_end. Over the same 8 iterations the sums differ only by
     # the two boundary gaps (callbacks after training_step), a few ms.
-    ends = bench.IterationClock.ends
+    ends = IterationClock.ends
     assert len(ends) == 10
     independent = ends[9] - ends[1]
     measured = summary["step_mean_ms"] * summary["iterations"] / 1000.0

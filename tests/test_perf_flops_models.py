@@ -9,10 +9,12 @@ import json
 import pytest
 import torch
 
-from pixelsmith.perf.flops import GANIterationFlops, count_flops, count_gan_iteration_flops
-from pixelsmith.perf.plain_loop import build_plain_gan, endless, plain_loader
+from benchmarks.gan_flops import GANIterationFlops, count_gan_iteration_flops
+from benchmarks.plain_loop import build_plain_gan, endless, plain_loader
+from pixelsmith.builders import build_plan
+from pixelsmith.perf.flops import count_flops
 from pixelsmith.perf.throughput import ThroughputMonitor
-from pixelsmith.train import build_plan, run
+from pixelsmith.train import run
 from tests.conftest import FAST, SMALL, compose_config
 
 pytestmark = [
@@ -38,7 +40,12 @@ STYLE = [
 MODELS = {
     "dcgan": [*FAST, *SMALL["dcgan"], f"data.batch_size={BATCH}"],
     # Lazy R1 every 2nd iteration, so a 6-iteration run counts and times R1 iterations after the warm-up.
-    "stylegan2": [*FAST, *SMALL["stylegan2"], f"data.batch_size={BATCH}", "model.r1_interval=2"],
+    "stylegan2": [
+        *FAST,
+        *SMALL["stylegan2"],
+        f"data.batch_size={BATCH}",
+        "model.objective.regularizers.r1.interval=2",
+    ],
     "style_fast": [
         *STYLE,
         "experiment=style_fast",
@@ -97,8 +104,14 @@ def _plain(tmp_path, model, *overrides):
     return gan, next(endless(plain_loader(cfg, plan)))
 
 
+@pytest.mark.bench
 def test_dcgan_iteration_flops_match_the_convolution_formula(tmp_path):
-    gan, images = _plain(tmp_path, "dcgan", "model.r1_gamma=1.0", "model.r1_interval=4")
+    gan, images = _plain(
+        tmp_path,
+        "dcgan",
+        "model.objective.regularizers.r1.gamma=1.0",
+        "model.objective.regularizers.r1.interval=4",
+    )
     counts = count_gan_iteration_flops(gan, images)
     expected = _dcgan_iteration_flops(BATCH)
     assert counts.common == pytest.approx(expected, rel=0.01)  # exact in practice (433.7 MFLOP at batch 16)
@@ -109,6 +122,7 @@ def test_dcgan_iteration_flops_match_the_convolution_formula(tmp_path):
     assert gan.iteration == 0  # restored
 
 
+@pytest.mark.bench
 def test_stylegan2_counts_flops_and_lazy_r1_costs_more(tmp_path):
     """The issue's failure: G's forward under no_grad (the fakes for D) hands StyleGAN2's constant input, a view of
     a parameter made under no_grad, to the module tracker, which raised "Expected gradient function to be set"."""
@@ -117,11 +131,12 @@ def test_stylegan2_counts_flops_and_lazy_r1_costs_more(tmp_path):
     assert 0 < counts.common < counts.r1
     with torch.no_grad():
         assert count_flops(lambda: gan.G(torch.randn(BATCH, gan.z_dim))) > 0
-    gan, images = _plain(tmp_path, "stylegan2", "model.r1_gamma=0")
+    gan, images = _plain(tmp_path, "stylegan2", "model.objective.regularizers.r1.gamma=0")
     without_r1 = count_gan_iteration_flops(gan, images)
     assert without_r1.common == without_r1.r1 == counts.common
 
 
+@pytest.mark.bench
 def test_mean_flops_over_timed_iterations_counts_r1_as_often_as_it_runs():
     counts = GANIterationFlops(common=100, r1=260, r1_interval=16)
     assert counts.amortised == 110

@@ -1,6 +1,8 @@
 """Each performance switch changes what it claims: weight memory format, compiled networks, matmul precision and the
 CUDA backend flags, the Adam implementation (and fused Adam under a real fp16 GradScaler with clipping), the CUDA
-memory fraction and allocator settings, the data-loader settings, and gradient checkpointing's saved activations."""
+memory fraction and allocator settings, the data-loader settings, and gradient checkpointing's saved activations.
+The switches are fields of the one RuntimePlan (`pixelsmith.hardware.resolve_plan`), set by `apply_plan` once per
+run."""
 
 from __future__ import annotations
 
@@ -9,13 +11,15 @@ import os
 
 import pytest
 import torch
+from hydra.errors import ConfigCompositionException
 from torch import nn
 
+from pixelsmith.builders import build_core_settings, build_datamodule, build_model, build_plan
+from pixelsmith.core.optim import adam_implementation
 from pixelsmith.errors import PixelsmithError
 from pixelsmith.gan.networks.stylegan2 import StyleGAN2Discriminator
-from pixelsmith.hardware import apply_backend_settings
-from pixelsmith.perf.switches import PerfSwitches, adam_implementation, apply_switches, resolve_switches
-from pixelsmith.train import build_core_settings, build_datamodule, build_model, build_plan, run
+from pixelsmith.hardware import apply_plan
+from pixelsmith.train import run
 
 
 def _model(cfg):
@@ -56,9 +60,9 @@ def test_compile_switch_compiles_the_networks_not_the_module(make_cfg):
 def test_matmul_precision_switch_sets_torch_global(make_cfg):
     before = torch.get_float32_matmul_precision()
     try:
-        apply_backend_settings(build_plan(make_cfg("hardware.matmul_precision=medium")))
+        apply_plan(build_plan(make_cfg("hardware.matmul_precision=medium")))
         assert torch.get_float32_matmul_precision() == "medium"
-        apply_backend_settings(build_plan(make_cfg()))  # the cpu profile: highest
+        apply_plan(build_plan(make_cfg()))  # the cpu profile: highest
         assert torch.get_float32_matmul_precision() == "highest"
     finally:
         torch.set_float32_matmul_precision(before)
@@ -72,6 +76,7 @@ def test_cuda_backend_switches_set_cudnn_and_tf32_flags(make_cfg, monkeypatch):
         cudnn_benchmark=True,
         allow_tf32=True,
         matmul_precision="high",
+        cuda_alloc_conf="expandable_segments:True",
     )
     saved = (
         torch.backends.cudnn.benchmark,
@@ -82,7 +87,7 @@ def test_cuda_backend_switches_set_cudnn_and_tf32_flags(make_cfg, monkeypatch):
     monkeypatch.delenv("PYTORCH_CUDA_ALLOC_CONF", raising=False)
     try:
         torch.backends.cudnn.benchmark = False
-        apply_backend_settings(plan)
+        apply_plan(plan)
         assert torch.backends.cudnn.benchmark is True
         assert torch.backends.cuda.matmul.allow_tf32 is True and torch.backends.cudnn.allow_tf32 is True
         assert os.environ["PYTORCH_CUDA_ALLOC_CONF"] == "expandable_segments:True"
@@ -99,7 +104,7 @@ def test_cuda_backend_switches_set_cudnn_and_tf32_flags(make_cfg, monkeypatch):
 )
 def test_optimizer_impl_switch_builds_that_adam(make_cfg, impl, fused, foreach):
     cfg = make_cfg(f"hardware.optimizer_impl={impl}")
-    model, _ = _model(cfg)  # build_core_settings resolves hardware.optimizer_impl against the profile
+    model, _ = _model(cfg)  # the plan carries hardware.optimizer_impl into the core settings
     optimizers, _ = model.configure_optimizers()
     for opt in optimizers:
         assert isinstance(opt, torch.optim.Adam)
@@ -107,13 +112,11 @@ def test_optimizer_impl_switch_builds_that_adam(make_cfg, impl, fused, foreach):
 
 
 def test_cpu_profile_defaults_to_fused_adam_and_the_user_key_wins(make_cfg):
-    cfg = make_cfg()
-    assert resolve_switches(cfg.hardware, build_plan(cfg)).optimizer_impl == "fused"
-    cfg = make_cfg("hardware.optimizer_impl=foreach")
-    assert resolve_switches(cfg.hardware, build_plan(cfg)).optimizer_impl == "foreach"
-    with pytest.raises(PixelsmithError, match="optimizer_impl"):
-        cfg = make_cfg("hardware.optimizer_impl=turbo")
-        resolve_switches(cfg.hardware, build_plan(cfg))
+    assert build_plan(make_cfg()).optimizer_impl == "fused"
+    assert build_plan(make_cfg("hardware.optimizer_impl=foreach")).optimizer_impl == "foreach"
+    # an unknown value is refused by the schema at composition (pixelsmith/choices.py), before the plan resolves
+    with pytest.raises((PixelsmithError, ConfigCompositionException), match="optimizer_impl"):
+        build_plan(make_cfg("hardware.optimizer_impl=turbo"))
     with pytest.raises(PixelsmithError, match="fused"):
         adam_implementation("fused", [torch.zeros(3, dtype=torch.int64)])
 
@@ -153,15 +156,30 @@ def test_memory_fraction_and_allocator_settings_reach_cuda(make_cfg, monkeypatch
         "hardware.cuda_alloc_conf='expandable_segments:True,max_split_size_mb:256'",
     )
     cpu_plan = build_plan(cfg)
-    switches = resolve_switches(cfg.hardware, cpu_plan)
-    assert switches == PerfSwitches("fused", 0.5, "expandable_segments:True,max_split_size_mb:256")
-    apply_switches(switches, cpu_plan)  # CPU: nothing to apply
-    assert calls == [] and "PYTORCH_CUDA_ALLOC_CONF" not in os.environ
-    apply_switches(switches, dataclasses.replace(cpu_plan, accelerator="cuda"))
+    assert (cpu_plan.optimizer_impl, cpu_plan.memory_fraction, cpu_plan.cuda_alloc_conf) == (
+        "fused",
+        0.5,
+        "expandable_segments:True,max_split_size_mb:256",
+    )
+    saved = (
+        torch.get_float32_matmul_precision(),
+        torch.backends.cuda.matmul.allow_tf32,
+        torch.backends.cudnn.allow_tf32,
+        torch.backends.cudnn.benchmark,
+    )
+    try:
+        apply_plan(cpu_plan)  # CPU: nothing to apply
+        assert calls == [] and "PYTORCH_CUDA_ALLOC_CONF" not in os.environ
+        apply_plan(dataclasses.replace(cpu_plan, accelerator="cuda"))
+    finally:
+        torch.set_float32_matmul_precision(saved[0])
+        torch.backends.cuda.matmul.allow_tf32 = saved[1]
+        torch.backends.cudnn.allow_tf32 = saved[2]
+        torch.backends.cudnn.benchmark = saved[3]
     assert calls == [(0.5, 1)]  # this process's device (LOCAL_RANK)
     assert os.environ["PYTORCH_CUDA_ALLOC_CONF"] == "expandable_segments:True,max_split_size_mb:256"
     with pytest.raises(PixelsmithError, match="memory_fraction"):
-        resolve_switches(make_cfg("hardware.memory_fraction=1.5").hardware, cpu_plan)
+        build_plan(make_cfg("hardware.memory_fraction=1.5"))
 
 
 def test_loader_switches_reach_the_dataloader(make_cfg):
@@ -244,9 +262,9 @@ def test_style_networks_gradient_checkpointing_saves_activations_with_identical_
 def test_num_threads_switch_sets_torch_threads_and_rejects_zero(make_cfg):
     before = torch.get_num_threads()
     try:
-        apply_backend_settings(build_plan(make_cfg("hardware.num_threads=1")))
+        apply_plan(build_plan(make_cfg("hardware.num_threads=1")))
         assert torch.get_num_threads() == 1
-        apply_backend_settings(build_plan(make_cfg()))  # null: leaves the current setting alone
+        apply_plan(build_plan(make_cfg()))  # null: leaves the current setting alone
         assert torch.get_num_threads() == 1
     finally:
         torch.set_num_threads(before)

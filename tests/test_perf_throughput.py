@@ -8,11 +8,12 @@ import json
 import pytest
 import torch
 
+from benchmarks.plain_loop import build_plain_gan, endless, plain_loader
+from pixelsmith.builders import build_plan
 from pixelsmith.gan.networks.dcgan import DCGANDiscriminator
 from pixelsmith.perf import flops as flops_mod
 from pixelsmith.perf.flops import count_flops, cpu_peak_flops, gpu_peak_flops, peak_precision_key
-from pixelsmith.perf.plain_loop import build_plain_gan, endless, plain_loader
-from pixelsmith.train import build_plan, run
+from pixelsmith.train import run
 
 
 def _conv_flops(batch, c_in, c_out, k, h_out, w_out):

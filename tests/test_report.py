@@ -75,6 +75,7 @@ def _chromium() -> str:
 
 
 @pytest.mark.chromium
+@pytest.mark.slow  # a subprocess: the full run (`pytest --all`) only
 def test_headless_chromium_renders_the_images_and_charts(report, tmp_path):
     browser = _chromium()
     flags = ["--headless", "--no-sandbox", "--disable-gpu", f"--user-data-dir={tmp_path / 'profile'}"]

@@ -196,6 +196,7 @@ def test_cli_export_flag_writes_a_checked_torchscript_file(fast_ckpt, tmp_path, 
         torch.testing.assert_close(torch.jit.load(str(tmp_path / "stylizer.pt"))(x), net.eval()(x))
 
 
+@pytest.mark.slow  # a subprocess: the full run (`pytest --all`) only
 def test_entry_point_help_runs_as_a_script():
     result = subprocess.run(
         [sys.executable, str(REPO_ROOT / "stylize.py"), "--help"], capture_output=True, text=True, check=True

@@ -10,6 +10,7 @@ import torch
 from PIL import Image
 from torchmetrics.functional.image import structural_similarity_index_measure
 
+from benchmarks.child import child_env
 from pixelsmith.paths import DATA_DIR
 from pixelsmith.style import tiling
 from pixelsmith.style.networks import AdaINNet, TransformerNet
@@ -231,7 +232,7 @@ def test_peak_memory_grows_only_with_the_uint8_buffers(tmp_path):
         source = tmp_path / f"{side}.png"
         small = np.random.default_rng(side).integers(0, 256, (side // 64, side // 64, 3), dtype=np.uint8)
         Image.fromarray(small).resize((side, side), Image.Resampling.BILINEAR).save(source, compress_level=1)
-        command = [sys.executable, "-m", "pixelsmith.style.bench_tiling", "--child", "--input", str(source)]
+        command = [sys.executable, "-m", "benchmarks.style_tiling", "--child", "--input", str(source)]
         command += [
             "--output",
             str(tmp_path / f"{side}_out.jpg"),
@@ -241,7 +242,9 @@ def test_peak_memory_grows_only_with_the_uint8_buffers(tmp_path):
             str(tile),
         ]
         command += ["--overlap", "32", "--tile-batch", "2", "--thumbnail", "256", "--threads", "1"]
-        result = subprocess.run(command, capture_output=True, text=True, check=True, timeout=600)
+        result = subprocess.run(
+            command, capture_output=True, text=True, check=True, timeout=600, env=child_env()
+        )
         peaks[side] = json.loads(result.stdout.strip().splitlines()[-1])["peak_rss_mb"] * 2**20
     extra_pixels, extra_width = 2048**2 - 512**2, 2048 - 512
     allowed = 7 * extra_pixels + 3 * tile * extra_width * 4 + 16 * 2**20

@@ -253,6 +253,7 @@ def test_missing_lpips_backbone_stops_before_training_and_names_the_fix(tmp_path
     assert not (tmp_path / "run" / "checkpoints").exists()
 
 
+@pytest.mark.slow  # a subprocess or many compositions: the full run (`pytest --all`) only
 def test_missing_style_image_through_train_py_is_one_paragraph(tmp_path):
     missing = tmp_path / "no_such_style.jpg"
     result = run_cli(
@@ -272,6 +273,7 @@ def test_missing_style_image_through_train_py_is_one_paragraph(tmp_path):
     assert not (tmp_path / "run" / "checkpoints").exists()
 
 
+@pytest.mark.slow  # a subprocess or many compositions: the full run (`pytest --all`) only
 def test_missing_vgg_weights_through_train_py_names_the_file_and_both_fixes(tmp_path):
     """The experiments keep the real-weights default: without the file the run stops before building anything."""
     result = run_cli(

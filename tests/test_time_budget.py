@@ -11,10 +11,11 @@ import logging
 import pytest
 import torch
 
+from pixelsmith.builders import build_plan
 from pixelsmith.core import budget as budget_module
 from pixelsmith.core.budget import TimeBudget
 from pixelsmith.errors import PixelsmithError
-from pixelsmith.train import build_plan, run
+from pixelsmith.train import run
 from tests.conftest import run_cli
 
 OUTPUTS = [

@@ -115,7 +115,7 @@ def test_resume_continues_bit_for_bit(make_cfg, tmp_path, model, initial_p):
         "train.checkpoint_every_n_steps=4",
     ]
     if model == "stylegan2":
-        common += ["model.r1_interval=2", "model.r1_gamma=0.1"]
+        common += ["model.objective.regularizers.r1.interval=2", "model.objective.regularizers.r1.gamma=0.1"]
     run(make_cfg(*common, "max_steps=8", model=model, output="straight"))
     run(make_cfg(*common, "max_steps=4", model=model, output="resumed"))
     last = tmp_path / "resumed" / "checkpoints" / "last.ckpt"
@@ -135,19 +135,17 @@ def test_resume_continues_bit_for_bit(make_cfg, tmp_path, model, initial_p):
 
 def test_hinge_loss_values_and_training():
     """Hinge (SAGAN/BigGAN): D pays only inside the margin, G maximises D's fake logits."""
-    from pixelsmith.gan.losses import discriminator_loss, generator_loss
+    from pixelsmith.gan.objectives import HingeLoss
 
     real, fake = torch.tensor([2.0, 0.5]), torch.tensor([-3.0, 0.0])
     # relu(1 - real) = [0, 0.5] -> 0.25; relu(1 + fake) = [0, 1] -> 0.5
-    assert discriminator_loss("hinge", real, fake).item() == pytest.approx(0.75)
-    assert generator_loss("hinge", fake).item() == pytest.approx(1.5)
-    with pytest.raises(ValueError, match="model.loss='wgan' is unknown"):
-        generator_loss("wgan", fake)
+    assert HingeLoss().discriminator(real, fake).item() == pytest.approx(0.75)
+    assert HingeLoss().generator(fake).item() == pytest.approx(1.5)
 
 
 def test_hinge_loss_trains_the_discriminator(make_cfg, tmp_path):
     cfg = make_cfg(
-        "model.loss=hinge",
+        "model/objective/loss=hinge",
         "precision=32-true",
         "max_steps=40",
         "data.limit=64",
@@ -165,8 +163,8 @@ def test_metrics_of_some_iterations_only_reach_the_next_logging_iteration(make_c
     be written, fresh, at each logging iteration (every 5th), not frozen at its first value."""
     cfg = make_cfg(
         "precision=32-true",
-        "model.r1_gamma=1.0",
-        "model.r1_interval=4",
+        "model.objective.regularizers.r1.gamma=1.0",
+        "model.objective.regularizers.r1.interval=4",
         "max_steps=20",
         "train.log_every_n_steps=5",
         "train.sample_every_n_steps=0",

@@ -2,8 +2,10 @@
 
 A PixelsmithError (bad config value, missing file or weights, impossible hardware request) is logged as its message,
 without a traceback, and the process exits with status 2. A run ended by a preemption signal (core/preemption.py)
-exits with 128 + the signal's number once its last.ckpt is written. In a multirun the failing job writes `failed.json` in its
-dir and returns NaN so the other jobs still run; `pixelsmith.sweep_summary` tabulates them at the end.
+exits with 128 + the signal's number once its last.ckpt is written. In a multirun the failing job writes
+`failed.json` in its dir and returns NaN so the other jobs still run; `pixelsmith.sweep_summary` tabulates them at the
+end. A multirun job whose `hardware=auto` was detected on another machine (a SLURM job composed on the login node)
+stops naming the profile to give (`pixelsmith.hardware.check_detected_here`).
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from pixelsmith.core.preemption import RunPreempted
 from pixelsmith.errors import PixelsmithError
+from pixelsmith.hardware import check_detected_here
 from pixelsmith.launch import global_rank, started_by_lightning_launcher
 
 log = logging.getLogger("pixelsmith")
@@ -119,6 +122,8 @@ def guarded_run(job: Callable[[DictConfig], dict[str, Any]], cfg: DictConfig, ob
     output_dir = Path(cfg.paths.output_dir)
     try:
         try:
+            # A multirun job on another machine than the one that composed it (SLURM) must not run its profile.
+            check_detected_here(OmegaConf.select(cfg, "hardware.name", default="auto"))
             metrics = job(cfg)
         except PixelsmithError:
             raise

@@ -15,10 +15,12 @@ from typing import Any
 import torch
 from omegaconf import DictConfig, OmegaConf
 
+from pixelsmith.builders import build_datamodule, build_model, build_plan
 from pixelsmith.callbacks.evaluation import build_gan_metric, generate_into
 from pixelsmith.core.module import CoreSettings
 from pixelsmith.errors import PixelsmithError
-from pixelsmith.train import _check_resume_path, build_datamodule, build_model, build_plan
+from pixelsmith.hardware import apply_plan
+from pixelsmith.train import _check_resume_path
 
 log = logging.getLogger(__name__)
 
@@ -54,6 +56,7 @@ def evaluate(cfg: DictConfig) -> dict[str, float]:
         # Evaluate in the precision the run trained (and was evaluated) in, unless told otherwise.
         cfg = OmegaConf.merge(cfg, {"precision": {"name": stored.runtime_plan.precision}})
     plan = build_plan(cfg)
+    apply_plan(plan)  # the profile's switches (matmul precision, cudnn.benchmark, threads) as in training
     # Replace, not merge: the composed model node may be another architecture with other keys. A plain
     # (schema-free) copy accepts the stored nodes whatever their shape.
     run_cfg = OmegaConf.create(OmegaConf.to_container(cfg, resolve=True))

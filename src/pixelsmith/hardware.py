@@ -1,26 +1,45 @@
-"""Hardware profiles: detect the device, resolve `hardware=` + `precision=` into one runtime plan, apply backend switches.
+"""Hardware: detect the device, let Hydra compose its profile, resolve the composed config into one plan, apply it.
 
-Resolution order for every setting: the profile YAML (`conf/hardware/<name>.yaml`, or the detected one for
-`hardware=auto`), then any non-null `hardware.*` key given by the user. Precision: an explicit `precision=...`
-wins over the profile's default. Impossible requests (a CUDA profile with no CUDA device, bf16 on a GPU without
-native bf16, NCCL without a GPU) stop here, before any data is read or any output is written.
+Each step happens in one place:
+
+1. **Detection, before Hydra composes.** Every entry point that composes the training config (`train.py`,
+   `evaluate.py`, `pixelsmith-train`/`-evaluate`, the benchmarks, the tests' compose helper) first calls
+   `register_detected_profile()`. It detects this machine (no GPU: cpu; a GPU: v100, a100 or h100 by name, else by
+   compute capability) and stores the config `hardware/_detected` in Hydra's ConfigStore: a defaults list naming that
+   profile. `conf/hardware/auto.yaml`, the default, composes `_detected`, so Hydra composes the real profile file:
+   `--cfg job` prints the settings that run, `hardware.*` keys on the command line (and in `conf/local/`) win over
+   the profile's values by ordinary Hydra composition, and a profile of your own on `hydra.searchpath` composes and
+   runs like a shipped one.
+2. **One plan.** `resolve_plan` turns the composed `hardware`, `precision` and `strategy` nodes into a frozen
+   `RuntimePlan` (no profile file is read here: the composed node is the profile). An explicit `precision=...` wins
+   over the profile's default precision. Impossible requests (a CUDA profile with no CUDA device, bf16 on a GPU
+   without native bf16, NCCL without a GPU, more devices than GPUs) stop here with a HardwareError naming the fix,
+   before any data is read or any output is written.
+3. **One application.** `apply_plan` sets the process-wide switches the plan asks for (matmul precision, intra-op
+   threads, cudnn.benchmark, TF32, the CUDA allocator settings and memory fraction); `pixelsmith.train` calls it
+   once per run.
 """
 
 from __future__ import annotations
 
 import logging
 import os
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass
+from typing import Any
 
 import torch
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 
-from pixelsmith.config.schema import PRECISIONS, STRATEGIES, HardwareConfig
+from pixelsmith.choices import values
+from pixelsmith.core.config import PRECISIONS, OptimizerImpl
 from pixelsmith.errors import PixelsmithError
+from pixelsmith.hardware_config import STRATEGIES, HardwareConfig
 from pixelsmith.launch import launch_topology
-from pixelsmith.paths import CONF_DIR
 
 log = logging.getLogger(__name__)
+
+OPTIMIZER_IMPLS = values(OptimizerImpl)
+DETECTED = "_detected"  # the ConfigStore entry `hardware/_detected` that conf/hardware/auto.yaml composes
 
 
 class HardwareError(PixelsmithError, RuntimeError):
@@ -29,9 +48,10 @@ class HardwareError(PixelsmithError, RuntimeError):
 
 @dataclass(frozen=True)
 class RuntimePlan:
-    """Everything the trainer and the training core need to know about where and how to compute."""
+    """Where and how to compute: everything the trainer, the training core and `apply_plan` read, resolved once from
+    the composed `hardware`, `precision` and `strategy` groups (`resolve_plan`)."""
 
-    profile: str
+    profile: str  # the composed profile's name (hardware=auto: the detected one)
     accelerator: str  # cpu | cuda
     devices: int
     num_nodes: int
@@ -49,6 +69,11 @@ class RuntimePlan:
     batch_size: int
     device_name: str
     num_threads: int | None = None  # intra-op threads per process; None leaves torch's default
+    optimizer_impl: str = (
+        "foreach"  # Adam's implementation: auto | fused | foreach | for_loop (core/optim.py)
+    )
+    memory_fraction: float | None = None  # CUDA: torch.cuda.set_per_process_memory_fraction, in (0, 1]
+    cuda_alloc_conf: str | None = None  # CUDA: PYTORCH_CUDA_ALLOC_CONF, e.g. "expandable_segments:True"
 
     @property
     def world_size(self) -> int:
@@ -61,21 +86,13 @@ def cpu_has_native_bf16() -> bool:
 
 
 def cuda_profile_for(device_name: str, capability: tuple[int, int]) -> str:
-    """Map a CUDA device to the closest shipped profile (by name, else by compute capability)."""
+    """Map a CUDA device to the closest shipped profile (by name, else by compute capability: 8.0 and newer a100,
+    older v100). `resolve_plan` warns when the profile was made for another GPU."""
     upper = device_name.upper()
     for key, profile in (("H100", "h100"), ("H200", "h100"), ("A100", "a100"), ("V100", "v100")):
         if key in upper:
             return profile
-    profile = "a100" if capability >= (8, 0) else "v100"
-    log.warning(
-        "No hardware profile names %r; using the %s profile (compute capability %d.%d). "
-        "Copy conf/hardware/%s.yaml to tune one for it.",
-        device_name,
-        profile,
-        *capability,
-        profile,
-    )
-    return profile
+    return "a100" if capability >= (8, 0) else "v100"
 
 
 # The newest torch builds that still carry kernels for an architecture, by compute capability major. Volta (sm_70) is
@@ -141,32 +158,59 @@ def _nvidia_hint() -> str:
 
 
 def detect_profile() -> str:
+    """The shipped profile for the device this process sees: cpu without a CUDA GPU, else the GPU's (cuda_profile_for).
+
+    Without a GPU this costs nothing (no driver call beyond a device count); with one it reads device 0's name and
+    compute capability, which initialises CUDA in this process, the one that then trains on it."""
     if torch.cuda.is_available():
         return cuda_profile_for(torch.cuda.get_device_name(0), torch.cuda.get_device_capability(0))
     return "cpu"
 
 
-def load_profile(name: str) -> HardwareConfig:
-    path = CONF_DIR / "hardware" / f"{name}.yaml"
-    if not path.is_file():
-        available = sorted(p.stem for p in path.parent.glob("*.yaml") if not p.stem.startswith("_"))
+_detected_here: str | None = None  # what register_detected_profile found in this process
+
+
+def register_detected_profile() -> str:
+    """Detect this machine's profile and store it for `hardware=auto`; returns its name (cpu, v100, a100, h100).
+
+    Call it before Hydra composes the training config: the entry points do at import, `compose` callers (tests, the
+    benchmarks) before each compose. It stores `hardware/_detected` in Hydra's ConfigStore as a defaults list that
+    names the profile, which `conf/hardware/auto.yaml` composes. A second call replaces the first (tests that mock
+    torch.cuda call it again inside the mock)."""
+    global _detected_here
+    from hydra.core.config_store import ConfigStore
+
+    name = detect_profile()
+    ConfigStore.instance().store(group="hardware", name=DETECTED, node={"defaults": [name, "_self_"]})
+    _detected_here = name
+    return name
+
+
+def check_detected_here(profile: str) -> None:
+    """Stop a multirun job whose `hardware=auto` was detected on another machine.
+
+    Detection runs where the config is composed. hydra-submitit-launcher (`hydra/launcher=slurm`) hands each SLURM job
+    the submitting process's ConfigStore, so a job on a GPU node would compose the login node's profile (cpu). Called
+    by `pixelsmith.entry.guarded_run` inside the job; a no-op outside multiruns and for named profiles."""
+    from hydra.core.hydra_config import HydraConfig
+    from hydra.types import RunMode
+
+    if not HydraConfig.initialized():
+        return
+    hydra_cfg = HydraConfig.get()
+    if hydra_cfg.mode != RunMode.MULTIRUN or hydra_cfg.runtime.choices.get("hardware") != "auto":
+        return
+    here = _detected_here if _detected_here is not None else detect_profile()
+    if here != profile:
         raise HardwareError(
-            f"No hardware profile {name!r} ({path} is missing). Available: {', '.join(available)}."
+            f"hardware=auto composed the {profile} profile on the machine that launched this job, but this machine "
+            f"takes the {here} profile. A launcher that composes the config on another machine (hydra/launcher=slurm "
+            f"submits from a login node) needs the profile named: hardware={here} (or the GPU's own profile)."
         )
-    raw = OmegaConf.load(path)
-    raw.pop("defaults", None)
-    merged = OmegaConf.merge(OmegaConf.structured(HardwareConfig), raw)
-    return HardwareConfig(**OmegaConf.to_container(merged))
 
 
-def _overlay(base: HardwareConfig, overrides: HardwareConfig | DictConfig) -> HardwareConfig:
-    """The user's non-null hardware keys win over the profile's values."""
-    changes = {}
-    for f in fields(HardwareConfig):
-        value = getattr(overrides, f.name)
-        if f.name != "name" and value is not None:
-            changes[f.name] = value
-    return replace(base, **changes)
+def _get(hardware: HardwareConfig | DictConfig, key: str) -> Any:
+    return getattr(hardware, key, None)
 
 
 def resolve_plan(
@@ -175,12 +219,11 @@ def resolve_plan(
     strategy: str,
     process_group_backend: str | None = None,
 ) -> RuntimePlan:
-    """Turn the composed `hardware`, `precision` and `strategy` groups into a RuntimePlan, or stop with a HardwareError."""
-    requested = hardware.name
-    profile_name = detect_profile() if requested == "auto" else requested
-    profile = _overlay(load_profile(profile_name), hardware)
-
-    accelerator = profile.accelerator or "cpu"
+    """Turn the composed `hardware` node (the profile Hydra composed, the user's `hardware.*` keys already on top),
+    `precision` and `strategy` into a RuntimePlan, or stop with a HardwareError. Keys a profile leaves null take the
+    defaults below (a minimal profile of your own: `accelerator: cuda` and a name)."""
+    requested = _get(hardware, "name") or "auto"
+    accelerator = _get(hardware, "accelerator") or "cpu"
     cuda_ok = torch.cuda.is_available()
     if accelerator == "cuda" and not cuda_ok:
         raise HardwareError(
@@ -195,19 +238,19 @@ def resolve_plan(
     device_name = torch.cuda.get_device_name(0) if accelerator == "cuda" else "cpu"
     if accelerator == "cuda":
         check_torch_build_supports(device_name, tuple(torch.cuda.get_device_capability(0)), requested)
-    if (
-        accelerator == "cuda"
-        and profile.expected_gpu
-        and profile.expected_gpu.upper() not in device_name.upper()
-    ):
+    expected_gpu = _get(hardware, "expected_gpu")
+    if accelerator == "cuda" and expected_gpu and expected_gpu.upper() not in device_name.upper():
         log.warning(
-            "hardware=%s is tuned for %s but the GPU is %s; consider hardware=auto.",
+            "The %s profile is tuned for %s, but the GPU is %s (hardware=auto takes the profile named after the GPU, "
+            "else a100 or v100 by compute capability). Copy conf/hardware/%s.yaml to a profile of your own to tune "
+            "it (README, How to add your own ... hardware profile).",
             requested,
-            profile.expected_gpu,
+            expected_gpu,
             device_name,
+            requested,
         )
 
-    resolved_precision = _resolve_precision(precision, profile, accelerator, requested)
+    resolved_precision = _resolve_precision(precision, _get(hardware, "precision"), accelerator)
 
     if strategy not in STRATEGIES:
         raise HardwareError(f"strategy={strategy!r} is unknown; choose one of {', '.join(STRATEGIES)}.")
@@ -222,10 +265,10 @@ def resolve_plan(
             "strategy=fsdp on CPU (gloo): this runs the sharded code path for testing; FSDP saves memory only on "
             "GPUs. For speed on CPU use strategy=ddp."
         )
-    devices = profile.devices or 1
+    devices = _get(hardware, "devices") or 1
     if devices < 1:
         raise HardwareError(f"hardware.devices={devices} must be at least 1.")
-    num_nodes = profile.num_nodes
+    num_nodes = _get(hardware, "num_nodes") or 1
     launched = launch_topology()
     if launched is not None:
         # torchrun or SLURM started the ranks: their count wins, so one config runs under every launcher.
@@ -245,9 +288,10 @@ def resolve_plan(
             f"hardware.devices={devices} but only {torch.cuda.device_count()} CUDA device(s) are visible; "
             f"set hardware.devices={torch.cuda.device_count()} or check CUDA_VISIBLE_DEVICES."
         )
-    if profile.num_threads is not None and profile.num_threads < 1:
+    num_threads = _get(hardware, "num_threads")
+    if num_threads is not None and num_threads < 1:
         raise HardwareError(
-            f"hardware.num_threads={profile.num_threads} must be at least 1 (or null for torch's default)."
+            f"hardware.num_threads={num_threads} must be at least 1 (or null for torch's default)."
         )
     if devices * num_nodes > 1 and strategy == "auto":
         strategy = "ddp"
@@ -256,32 +300,47 @@ def resolve_plan(
             "strategy=fsdp with one process shards nothing (each rank would hold 1/1 of the weights); "
             "set hardware.devices=N for N GPUs."
         )
+    optimizer_impl = str(_get(hardware, "optimizer_impl") or "foreach")
+    if optimizer_impl not in OPTIMIZER_IMPLS:
+        raise HardwareError(
+            f"hardware.optimizer_impl={optimizer_impl!r} is unknown; choose one of {', '.join(OPTIMIZER_IMPLS)}."
+        )
+    memory_fraction = _get(hardware, "memory_fraction")
+    if memory_fraction is not None and not 0.0 < float(memory_fraction) <= 1.0:
+        raise HardwareError(f"hardware.memory_fraction={memory_fraction} must be in (0, 1].")
 
+    def flag(key: str) -> bool:
+        return bool(_get(hardware, key))
+
+    num_workers = _get(hardware, "num_workers")
     return RuntimePlan(
-        profile=profile_name,
+        profile=requested,
         accelerator=accelerator,
         devices=devices,
         num_nodes=num_nodes,
         precision=resolved_precision,
         strategy=strategy,
         process_group_backend=process_group_backend or ("nccl" if accelerator == "cuda" else "gloo"),
-        cudnn_benchmark=bool(profile.cudnn_benchmark) and accelerator == "cuda",
-        matmul_precision=profile.matmul_precision or "highest",
-        allow_tf32=bool(profile.allow_tf32) and accelerator == "cuda",
-        channels_last=bool(profile.channels_last),
-        compile=bool(profile.compile),
-        compile_mode=profile.compile_mode or "default",
-        num_workers=profile.num_workers if profile.num_workers is not None else 0,
-        pin_memory=bool(profile.pin_memory) and accelerator == "cuda",
-        batch_size=profile.batch_size or 64,
+        cudnn_benchmark=flag("cudnn_benchmark") and accelerator == "cuda",
+        matmul_precision=str(_get(hardware, "matmul_precision") or "highest"),
+        allow_tf32=flag("allow_tf32") and accelerator == "cuda",
+        channels_last=flag("channels_last"),
+        compile=flag("compile"),
+        compile_mode=str(_get(hardware, "compile_mode") or "default"),
+        num_workers=num_workers if num_workers is not None else 0,
+        pin_memory=flag("pin_memory") and accelerator == "cuda",
+        batch_size=_get(hardware, "batch_size") or 64,
         device_name=device_name,
-        num_threads=profile.num_threads,
+        num_threads=num_threads,
+        optimizer_impl=optimizer_impl,
+        memory_fraction=None if memory_fraction is None else float(memory_fraction),
+        cuda_alloc_conf=_get(hardware, "cuda_alloc_conf") or None,
     )
 
 
-def _resolve_precision(precision: str, profile: HardwareConfig, accelerator: str, requested: str) -> str:
+def _resolve_precision(precision: str, profile_precision: str | None, accelerator: str) -> str:
     explicit = precision != "auto"
-    name = precision if explicit else (profile.precision or "32-true")
+    name = precision if explicit else str(profile_precision or "32-true")
     if name not in PRECISIONS:
         raise HardwareError(
             f"precision={name!r} is unknown; choose one of {', '.join(PRECISIONS)} (or auto)."
@@ -308,16 +367,36 @@ def _resolve_precision(precision: str, profile: HardwareConfig, accelerator: str
     return name
 
 
-def apply_backend_settings(plan: RuntimePlan) -> None:
-    """Set the process-wide switches the plan asks for (cudnn autotuner, TF32, matmul precision, allocator)."""
+def apply_plan(plan: RuntimePlan) -> None:
+    """Set the process-wide switches the plan asks for: the one place they are set (`pixelsmith.train` calls it once
+    per run, before data and model; a hand-written loop such as the benchmarks' plain loop calls it too).
+
+    Matmul precision and intra-op threads everywhere; cudnn.benchmark (False for a CPU plan: Lightning's Trainer is
+    not given `benchmark`, so it does not set it a second time); on CUDA also TF32, the caching allocator's settings
+    (PYTORCH_CUDA_ALLOC_CONF before CUDA's first allocation, the allocator's run-time setter after) and this process's
+    memory fraction (its device is LOCAL_RANK's)."""
     torch.set_float32_matmul_precision(plan.matmul_precision)
     if plan.num_threads is not None:
         # On a shared or oversubscribed CPU, fewer threads than cores can be several times faster: an OpenMP
-        # barrier waits for its slowest thread, and a descheduled one stalls every op (README "Style transfer", docs/performance.md).
+        # barrier waits for its slowest thread, and a descheduled one stalls every op (README "Style transfer",
+        # docs/performance.md).
         torch.set_num_threads(plan.num_threads)
-    if plan.accelerator == "cuda":
-        torch.backends.cudnn.benchmark = plan.cudnn_benchmark
-        torch.backends.cuda.matmul.allow_tf32 = plan.allow_tf32
-        torch.backends.cudnn.allow_tf32 = plan.allow_tf32
-        # Fewer fragmentation OOMs with varying shapes; must be set before the first CUDA allocation.
-        os.environ.setdefault("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")
+    torch.backends.cudnn.benchmark = plan.cudnn_benchmark
+    if plan.accelerator != "cuda":
+        if plan.memory_fraction is not None or plan.cuda_alloc_conf:
+            log.info(
+                "hardware.memory_fraction / cuda_alloc_conf apply to CUDA only; on CPU bound the batch by RAM "
+                "with auto_batch.ram_budget_gb."
+            )
+        return
+    torch.backends.cuda.matmul.allow_tf32 = plan.allow_tf32
+    torch.backends.cudnn.allow_tf32 = plan.allow_tf32
+    if plan.cuda_alloc_conf:
+        if torch.cuda.is_initialized():
+            # Too late for the environment variable; the allocator accepts most keys at run time.
+            torch.cuda.memory._set_allocator_settings(plan.cuda_alloc_conf)
+        else:
+            os.environ["PYTORCH_CUDA_ALLOC_CONF"] = plan.cuda_alloc_conf
+    if plan.memory_fraction is not None:
+        device = int(os.environ.get("LOCAL_RANK", 0))
+        torch.cuda.set_per_process_memory_fraction(plan.memory_fraction, device)

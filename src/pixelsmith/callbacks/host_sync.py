@@ -25,7 +25,7 @@ import lightning as L
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from pixelsmith.config.schema import HOST_SYNC_MODES
+from pixelsmith.core.config import HOST_SYNC_MODES
 from pixelsmith.core.host_reads import host_reads_are_allowed
 from pixelsmith.errors import PixelsmithError
 

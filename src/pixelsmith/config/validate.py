@@ -1,8 +1,8 @@
 """Range checks on a composed run config, at start-up, before anything is written.
 
-The schema (`config/schema.py`) types every key, so `data.batch_size=abc` fails in Hydra; this adds what a type
+The schemas (`config/schema.py` and the `*/config.py` it registers) types every key, so `data.batch_size=abc` fails in Hydra; this adds what a type
 cannot say: `data.batch_size=0`, `train.clip_grad_norm=-1` (which silently turned training into gradient ascent),
-`model.r1_interval=0`, `eval.monitor=foo`, a key added with `+` that nothing reads (`+maxsteps=5`). Every problem
+`model.objective.regularizers.r1.interval=0`, `eval.monitor=foo`, a key added with `+` that nothing reads (`+maxsteps=5`). Every problem
 found is reported at once, one line each naming the key, the value and a valid one, in a `ConfigValueError` the
 entry points print as one paragraph. A few settings that are legal but surely unintended (a warm-up longer than
 the run) are logged as warnings.
@@ -13,12 +13,13 @@ from __future__ import annotations
 import difflib
 import logging
 from collections.abc import Callable
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, is_dataclass
 from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from pixelsmith.config.schema import GAN_LOSSES, HOST_SYNC_MODES, SCHEDULES, TrainConfig
+from pixelsmith.config.schema import TrainConfig
+from pixelsmith.core.config import HOST_SYNC_MODES, SCHEDULES
 from pixelsmith.errors import PixelsmithError
 
 log = logging.getLogger(__name__)
@@ -72,9 +73,14 @@ def _optimizer_rules(prefix: str) -> list[Rule]:
     return [
         Rule(f"{prefix}.lr", _positive, "must be > 0 (a negative learning rate climbs the loss)", "2.0e-4"),
         Rule(
-            f"{prefix}.betas", _betas, "must be two numbers in [0, 1), Adam's (beta1, beta2)", "[0.5,0.999]"
+            f"{prefix}.betas",
+            _optional(_betas),
+            "must be two numbers in [0, 1), Adam's (beta1, beta2), or null for an optimizer without betas",
+            "[0.5,0.999]",
         ),
-        Rule(f"{prefix}.eps", _positive, "must be > 0", "1.0e-8"),
+        Rule(
+            f"{prefix}.eps", _optional(_positive), "must be > 0 (or null: the optimizer's default)", "1.0e-8"
+        ),
         Rule(f"{prefix}.weight_decay", _non_negative, "must be >= 0", "0.0"),
     ]
 
@@ -134,11 +140,20 @@ RULES: list[Rule] = [
     Rule(
         "schedule.total_steps", _optional(_positive_int), "must be at least 1, or null (= max_steps)", "null"
     ),
+    Rule("model.objective.regularizers.r1.gamma", _non_negative, "must be >= 0 (0 disables R1)", "10.0"),
     Rule(
-        "model.loss", lambda v: v in GAN_LOSSES, f"must be one of {', '.join(GAN_LOSSES)}", "non_saturating"
+        "model.objective.regularizers.r1.interval",
+        _positive_int,
+        "must be at least 1 (R1 every N iterations)",
+        "16",
     ),
-    Rule("model.r1_gamma", _non_negative, "must be >= 0 (0 disables R1)", "10.0"),
-    Rule("model.r1_interval", _positive_int, "must be at least 1 (R1 every N iterations)", "16"),
+    Rule(
+        "model.objective.regularizers.path_length.weight",
+        _non_negative,
+        "must be >= 0 (0 disables it)",
+        "2.0",
+    ),
+    Rule("model.objective.regularizers.path_length.interval", _positive_int, "must be at least 1", "4"),
     Rule("model.sample_grid_size", _positive_int, "must be at least 1", "64"),
     Rule("model.ema.half_life_kimg", _positive, "must be > 0", "10.0"),
     *_optimizer_rules("model.g_optimizer"),
@@ -181,9 +196,37 @@ def _unknown_root_keys(cfg: DictConfig) -> list[str]:
     return problems
 
 
+def _unknown_typed_keys(cfg: DictConfig, prefix: str = "") -> list[str]:
+    """Keys that a typed node's schema does not have (added with `+`: `data=mnist +data.root=/x`), which the code
+    would never read; dict-typed and untyped nodes (`model.objective.regularizers`, `callbacks`) take any key."""
+    problems = []
+    for key in cfg:
+        node = cfg._get_node(key)
+        if (
+            not isinstance(node, DictConfig)
+            or node._is_none()
+            or node._is_missing()
+            or node._is_interpolation()
+        ):
+            continue
+        path = f"{prefix}{key}"
+        schema = OmegaConf.get_type(node)
+        if schema is not None and is_dataclass(schema):
+            known = sorted(f.name for f in fields(schema))
+            for extra in (str(k) for k in node if k not in known and not str(k).startswith("_")):
+                close = difflib.get_close_matches(extra, known, n=1)
+                hint = f"did you mean {path}.{close[0]}? " if close else ""
+                problems.append(
+                    f"{path}.{extra} is not a key of {schema.__name__} and nothing would read it ({hint}its keys: "
+                    f"{', '.join(k for k in known if not k.startswith('_'))})."
+                )
+        problems += _unknown_typed_keys(node, f"{path}.")
+    return problems
+
+
 def validate_config(cfg: DictConfig) -> None:
     """Raise ConfigValueError listing every out-of-range value; log warnings for legal but odd combinations."""
-    problems = _unknown_root_keys(cfg)
+    problems = _unknown_root_keys(cfg) + _unknown_typed_keys(cfg)
     for rule in RULES:
         present, value = _lookup(cfg, rule.key)
         if present and not rule.ok(value):

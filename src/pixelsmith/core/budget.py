@@ -1,7 +1,7 @@
 """A wall-clock budget for training (`train.time_budget_minutes`): the work a run does follows what the machine can do.
 
 The clock starts when the run's settings are built (before data, model, Trainer and the iteration-0 evaluation, so
-set-up and periodic evaluations count). `TrainingCore.end_iteration` asks `expired()` once per iteration and ends
+set-up and periodic evaluations count). `TrainingCore._end_iteration` asks `expired()` once per iteration and ends
 training at the first iteration past the budget, the way it ends at `max_steps`: the callbacks' end-of-training work
 (the final evaluation, sample grid and `last.ckpt`) then runs on that last trained iteration, after the budget. Under
 several processes the ranks agree (one scalar all-reduce per iteration, only when a budget is set), so every rank

@@ -11,9 +11,11 @@ It owns what is easy to get subtly wrong with manual optimization, once:
 - per-iteration seeding from (seed, rank, iteration), so resuming from a checkpoint continues bit-for-bit;
 - named phases (`with self.phase("G_fwd"):`) that a profiler callback can time; a no-op by default.
 
-A subclass implements `optimizer_definitions()` (name -> parameters and settings), `networks()` (what to put in
-channels_last and compile) and `training_step`, in which it calls `self.loss_backward(loss, name)` for each micro-batch,
-`self.step(name)` once, and `self.end_iteration(images)` at the end.
+A subclass implements `optimizer_definitions()` (name -> parameters and an optimizer partial), `networks()` (what to
+put in channels_last and compile) and `train_iteration(batch)`, in which it calls `self.loss_backward(loss, name)` for
+each micro-batch and `self.step(name)` once per optimizer, and returns an `IterationResult` (images trained on, values
+to log). The core's `training_step` calls it and then ends the iteration itself (counter, schedules, EMA, logging,
+guard, stopping): there is no bookkeeping call a model could forget. A backward left without its step is an error.
 """
 
 from __future__ import annotations
@@ -34,11 +36,12 @@ from torch import nn
 from torch.distributed.fsdp import FSDPModule
 from torch.distributed.tensor import DTensor
 
-from pixelsmith.config.schema import EMAConfig, OptimizerConfig, ScheduleConfig
 from pixelsmith.core.budget import TimeBudget
+from pixelsmith.core.config import EMAConfig, ScheduleConfig
 from pixelsmith.core.ema import EMA
 from pixelsmith.core.fsdp import MultiNetworkFSDPStrategy
 from pixelsmith.core.host_reads import host_reads_allowed
+from pixelsmith.core.optim import build_optimizer, optimizer_factory
 from pixelsmith.core.precision import MixedPrecision
 from pixelsmith.core.preemption import PreemptionSignals
 from pixelsmith.core.schedules import build_scheduler
@@ -81,9 +84,19 @@ class CoreSettings:
 class OptimizerDefinition:
     name: str
     params: list[nn.Parameter]
-    config: OptimizerConfig
+    # an optimizer config node (`_target_`, `_partial_`, lr, betas ...; see core/optim.py) or a partial/callable
+    optimizer: Any = None
     lr_scale: float = 1.0  # e.g. lazy regularisation's interval / (interval + 1)
     betas_power: float = 1.0  # lazy regularisation raises Adam betas to this power
+
+
+@dataclass
+class IterationResult:
+    """What `train_iteration` returns: images this rank trained on, and device values to log (held until the next
+    logging iteration; read by the host only there)."""
+
+    images: int
+    logs: dict[str, Any] = field(default_factory=dict)
 
 
 def _mix_seed(seed: int, rank: int, iteration: int) -> int:
@@ -135,6 +148,27 @@ class TrainingCore(L.LightningModule):
 
     def optimizer_definitions(self) -> list[OptimizerDefinition]:
         raise NotImplementedError
+
+    def train_iteration(self, batch: Any) -> IterationResult:
+        """One iteration: `loss_backward` per micro-batch and `step` per optimizer; the core ends the iteration."""
+        raise NotImplementedError
+
+    def training_step(self, batch: Any, batch_idx: int) -> None:
+        """Lightning's hook, owned by the core: the model's `train_iteration`, then the end of the iteration."""
+        result = self.train_iteration(batch)
+        if not isinstance(result, IterationResult):
+            raise PixelsmithError(
+                f"{type(self).__name__}.train_iteration returned {type(result).__name__}; return "
+                "IterationResult(images=<images this rank trained on>, logs={...})."
+            )
+        unstepped = sorted(name for name, calls in self._backward_calls.items() if calls)
+        if unstepped:
+            raise PixelsmithError(
+                f"{type(self).__name__}.train_iteration called loss_backward for optimizer(s) {unstepped} without "
+                "self.step(name) after them: their gradients would leak into the next iteration. Call "
+                "self.step(name) once after each optimizer's micro-batches."
+            )
+        self._end_iteration(result.images, result.logs)
 
     def shard_units(self, name: str, network: nn.Module) -> list[nn.Module]:
         """Under strategy=fsdp: sub-modules of `network` (from `networks()`) to shard as FSDP units of their own,
@@ -202,23 +236,13 @@ class TrainingCore(L.LightningModule):
             yield
 
     def configure_optimizers(self):
-        from pixelsmith.perf.switches import adam_implementation
-
         impl = self.core.optimizer_impl
         optimizers, schedulers = [], []
         schedule = self.core.schedule
         total = schedule.total_steps or self.core.max_steps
         for index, spec in enumerate(self.optimizer_definitions()):
-            cfg = spec.config
-            betas = tuple(b**spec.betas_power for b in cfg.betas)
-            opt = torch.optim.Adam(
-                spec.params,
-                lr=cfg.lr * spec.lr_scale,
-                betas=betas,
-                eps=cfg.eps,
-                weight_decay=cfg.weight_decay,
-                **adam_implementation(impl, spec.params),
-            )
+            factory = optimizer_factory(spec.optimizer, f"optimizer {spec.name}")
+            opt = build_optimizer(factory, spec.params, spec.lr_scale, spec.betas_power, impl)
             self._optimizer_index[spec.name] = index
             owned = {id(p) for p in spec.params}
             self._float_buffers[spec.name] = [
@@ -504,7 +528,7 @@ class TrainingCore(L.LightningModule):
         """Images per optimizer update summed over ranks and micro-batches (the effective batch)."""
         return self._images_per_iteration
 
-    def end_iteration(
+    def _end_iteration(
         self, images_this_rank: int, logs: dict[str, torch.Tensor | float] | None = None
     ) -> None:
         """Advance the counter and schedules, log, and enforce the non-finite guard, `max_steps` and the time budget."""
@@ -574,7 +598,7 @@ class TrainingCore(L.LightningModule):
     # ---- Lightning hooks ----------------------------------------------------------------------------------------
     def logging_values(self) -> dict[str, Any]:
         """Extra metrics read only at logging iterations, where the host may wait for the device (a subclass's
-        device-side state, e.g. ADA's p). Values given to `end_iteration` are device tensors held until then."""
+        device-side state, e.g. ADA's p). Values in `train_iteration`'s result are device tensors held until then."""
         return {}
 
     def _log_iteration(self, logs: dict[str, Any]) -> None:

@@ -3,7 +3,7 @@
 current iteration.
 
 The signal handler only records the signal (a handler interrupts the main thread between two bytecodes; the
-iteration must not be cut in half). `TrainingCore.end_iteration` asks `requested()`: on one process every iteration
+iteration must not be cut in half). `TrainingCore._end_iteration` asks `requested()`: on one process every iteration
 (a host flag, free), under several processes every `train.preemption.check_every_n_steps` iterations (default: the
 logging iterations, where a host-device sync is allowed), where the ranks agree with one all-reduce (the highest
 signal number any rank got) so that every rank stops at the same iteration; the grace period must cover that many

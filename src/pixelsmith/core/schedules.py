@@ -7,7 +7,7 @@ import math
 
 import torch
 
-from pixelsmith.config.schema import SCHEDULES
+from pixelsmith.core.config import SCHEDULES
 
 
 def lr_multiplier(

@@ -23,6 +23,7 @@ from PIL import Image, ImageOps
 from torch.utils.data import Dataset
 
 from pixelsmith.data.base import ImageDataModule
+from pixelsmith.data.fingerprint import fingerprint_image_folder
 from pixelsmith.data.image_check import check_images, default_cache_dir
 from pixelsmith.errors import PixelsmithError
 
@@ -207,8 +208,6 @@ class ImageFolderDataModule(ImageDataModule):
     def reference_source(self, seed: int = 0, batch_size: int = 64):
         """(fingerprint, protocol, batch factory, image count) of the real images for FID reference statistics,
         decoded exactly as for training, in a seeded order so any prefix is a random subset."""
-        from pixelsmith.metrics.reference_cache import fingerprint_image_folder
-
         dataset = self.train_set
         fingerprint = (
             f"{fingerprint_image_folder(self.root, tuple('.' + e for e in self.extensions))}:seed={seed}"

@@ -7,6 +7,8 @@ workers. `python -m pixelsmith.data.mnist --rebuild` re-creates the .npz from ml
 from __future__ import annotations
 
 import argparse
+import os
+from collections.abc import Callable, Iterable
 from pathlib import Path
 
 import numpy as np
@@ -15,6 +17,7 @@ import torch.nn.functional as F
 from torch.utils.data import Dataset
 
 from pixelsmith.data.base import ImageDataModule
+from pixelsmith.data.fingerprint import fingerprint_file
 from pixelsmith.paths import DATA_DIR
 
 MNIST_FILE = DATA_DIR / "mnist_5k.npz"
@@ -36,6 +39,29 @@ def load_mnist(resolution: int = 32, path: Path = MNIST_FILE) -> tuple[torch.Ten
         )
         images = resized.round().clamp(0, 255).to(torch.uint8)
     return images.contiguous(), labels
+
+
+def mnist_reference(
+    npz_path: str | os.PathLike | None = None, resolution: int = 32, seed: int = 0, batch_size: int = 500
+) -> tuple[str, str, Callable[[], Iterable[torch.Tensor]]]:
+    """(fingerprint, dataset protocol, batch factory) for reference statistics of the embedded MNIST default.
+
+    The images are the training pixels themselves: :func:`pixelsmith.data.mnist.load_mnist` (uint8, bilinear
+    antialiased resize from 28x28, rounded), so real and generated images differ only by what the GAN learnt.
+    The file is sorted by digit, so the first N images would be a few classes only: the batches follow a seeded
+    permutation, and the seed is part of the fingerprint.
+    """
+    path = Path(npz_path) if npz_path is not None else MNIST_FILE
+    fingerprint = f"{fingerprint_file(path)}:permutation-seed={seed}"
+    protocol = f"pixelsmith.data.mnist.load_mnist(resolution={resolution}): uint8 bilinear antialias, rounded"
+
+    def make_batches() -> Iterable[torch.Tensor]:
+        images, _ = load_mnist(resolution, path)
+        order = torch.randperm(images.shape[0], generator=torch.Generator().manual_seed(seed))
+        for start in range(0, images.shape[0], batch_size):
+            yield images[order[start : start + batch_size]]
+
+    return fingerprint, protocol, make_batches
 
 
 class TensorImageDataset(Dataset):
@@ -79,8 +105,6 @@ class MNISTDataModule(ImageDataModule):
     def reference_source(self, seed: int = 0):
         """(fingerprint, protocol, batch factory, image count) of the real images for FID reference statistics:
         all 5,000 digits at this resolution, whatever `limit` says (the distribution to match is MNIST's)."""
-        from pixelsmith.metrics.reference_cache import mnist_reference
-
         fingerprint, protocol, make_batches = mnist_reference(MNIST_FILE, self.resolution, seed)
         if self.channels == 3:
             make_grey = make_batches

@@ -1,15 +1,19 @@
-"""GANModule: one training iteration as named phases (D_main, D_reg, G_main, EMA) on the shared TrainingCore.
+"""GANModule: a GAN on the shared TrainingCore, its iteration run from the objective's phase table.
 
-Per iteration (StyleGAN2-ADA's order): D_main on real vs detached fakes; D_reg (lazy R1) every `r1_interval`
-iterations with its loss scaled by the interval; G_main with D frozen; then the generator EMA (run by the core's
-`end_iteration`, after buffers are synced across ranks). Each phase runs over
-`accumulate` micro-batches and ends in exactly one optimizer step. Augmentation (DiffAugment/ADA) is applied to
-real and fake images alike, inside the step, on the batch's device, and G's gradients flow through it.
+The objective (`model.objective`, `pixelsmith.gan.objectives`) declares the phases (Dmain, Dreg, Gmain, Greg: which
+network each trains, how often) and computes their losses. This module runs them, the same way for every objective:
+the other network frozen, `accumulate` micro-batches, the loss multiplied by the phase's interval (lazy
+regularisation), one optimizer step at the end of the phase, eager networks and gathered weights for phases that
+differentiate a gradient, and the step-time breakdown's phases (G_fwd, D_fwd, D_bwd, G_bwd, D_reg, G_reg, opt_step)
+timed here once. Augmentation (DiffAugment/ADA) is applied to every image D sees, inside the step, on the batch's
+device, and G's gradients flow through it; ADA adjusts p once D has trained this iteration. The core ends the
+iteration (EMA of G after buffers are synced across ranks, schedules, logging, guard, stopping).
 """
 
 from __future__ import annotations
 
 import logging
+from contextlib import nullcontext
 from typing import Any
 
 import torch
@@ -17,9 +21,9 @@ from hydra.utils import instantiate
 from torch import nn
 from torchvision.utils import make_grid
 
-from pixelsmith.config.schema import GAN_LOSSES, EMAConfig, OptimizerConfig
-from pixelsmith.core.module import CoreSettings, OptimizerDefinition, TrainingCore
-from pixelsmith.gan.losses import discriminator_loss, generator_loss, r1_penalty
+from pixelsmith.core.config import EMAConfig
+from pixelsmith.core.module import CoreSettings, IterationResult, OptimizerDefinition, TrainingCore
+from pixelsmith.gan.objectives import GANBatch, GANObjective, Phase, R1Penalty
 
 log = logging.getLogger(__name__)
 
@@ -36,10 +40,8 @@ class GANModule(TrainingCore):
         core: CoreSettings,
         generator: Any,
         discriminator: Any,
+        objective: Any = None,
         name: str = "gan",
-        loss: str = "non_saturating",
-        r1_gamma: float = 0.0,
-        r1_interval: int = 16,
         g_optimizer: Any = None,
         d_optimizer: Any = None,
         ema: Any = None,
@@ -48,24 +50,25 @@ class GANModule(TrainingCore):
         _target_: str | None = None,  # accepted so a config node can be passed whole
     ):
         super().__init__(core)
-        if loss not in GAN_LOSSES:
-            raise ValueError(f"model.loss={loss!r} is unknown; choose one of {', '.join(GAN_LOSSES)}.")
-        if r1_interval < 1:
-            raise ValueError(f"model.r1_interval={r1_interval} must be >= 1.")
         self.model_name = name
-        self.loss_kind = loss
-        self.r1_gamma = r1_gamma
-        self.r1_interval = r1_interval
-        self.g_opt_cfg = _as_dataclass(OptimizerConfig, g_optimizer)
-        self.d_opt_cfg = _as_dataclass(OptimizerConfig, d_optimizer)
+        # Optimizer partials (config nodes or callables, core/optim.py); Adam with its defaults when None.
+        self.g_optimizer, self.d_optimizer = g_optimizer, d_optimizer
         ema_cfg = _as_dataclass(EMAConfig, ema)
         self.generator = generator if isinstance(generator, nn.Module) else instantiate(generator)
         self.discriminator = (
             discriminator if isinstance(discriminator, nn.Module) else instantiate(discriminator)
         )
+        self.objective = (
+            objective
+            if isinstance(objective, GANObjective)
+            else GANObjective()
+            if objective is None
+            else instantiate(objective)
+        )
         self.augment = augment
         self.z_dim = int(self.generator.z_dim)
         self.G_ema = self.add_ema("G", self.generator, ema_cfg)
+        self._timing_forwards = True  # off inside regularisation phases, which are timed whole
         # Fixed latents for sample grids: a buffer, so a resumed run draws the very same grid.
         gen = torch.Generator().manual_seed(core.seed)
         self.register_buffer("sample_z", torch.randn(sample_grid_size, self.z_dim, generator=gen))
@@ -78,101 +81,119 @@ class GANModule(TrainingCore):
         return nets
 
     def optimizer_definitions(self) -> list[OptimizerDefinition]:
-        # Lazy regularisation gives D (interval+1) steps per `interval` iterations; StyleGAN2 rescales lr and betas
-        # so the effective Adam dynamics match a non-lazy run.
-        ratio = self.r1_interval / (self.r1_interval + 1) if self.r1_gamma > 0 else 1.0
+        ratio = self.objective.lazy_ratio
         return [
-            OptimizerDefinition("G", list(self.generator.parameters()), self.g_opt_cfg),
-            OptimizerDefinition("D", list(self.discriminator.parameters()), self.d_opt_cfg, ratio, ratio),
+            OptimizerDefinition(
+                "G", list(self.generator.parameters()), self.g_optimizer, ratio("G"), ratio("G")
+            ),
+            OptimizerDefinition(
+                "D", list(self.discriminator.parameters()), self.d_optimizer, ratio("D"), ratio("D")
+            ),
         ]
 
-    # ---- training ----------------------------------------------------------------------------------------------
-    def _augment(self, images: torch.Tensor) -> torch.Tensor:
-        if self.augment is None:
-            return images
-        with self.phase("augment"):
-            return self.augment(images)
+    # ---- what the objective calls (pixelsmith.gan.objectives.GANStep) ----------------------------------------------
+    @property
+    def G(self) -> nn.Module:
+        return self.generator
 
-    def _sample_latents(self, count: int) -> torch.Tensor:
-        return torch.randn(count, self.z_dim, device=self.device)
+    @property
+    def D(self) -> nn.Module:
+        return self.discriminator
 
-    def training_step(self, batch: Any, batch_idx: int) -> None:
+    def _forward_phase(self, name: str):
+        return self.phase(name) if self._timing_forwards else nullcontext()
+
+    def G_forward(self, z: torch.Tensor, *conditions: torch.Tensor, grad: bool = True) -> torch.Tensor:
+        grad_enabled = torch.set_grad_enabled(grad and torch.is_grad_enabled())
+        with self._forward_phase("G_fwd"), grad_enabled, self.autocast():
+            return self.generator(z, *conditions)
+
+    def D_forward(self, images: torch.Tensor, *conditions: torch.Tensor, reals: bool = False) -> torch.Tensor:
+        with self._forward_phase("D_fwd"), self.autocast():
+            if self.augment is not None:
+                with self.phase("augment"):
+                    images = self.augment(images)
+            logits = self.discriminator(images, *conditions)
+        if reals and self.augment is not None:
+            self.augment.observe_real_logits(logits.detach())
+        return logits
+
+    def loss_scale(self) -> torch.Tensor:
+        # The GradScaler's scale as a device tensor (scale() of a one): get_scale() would make the host wait.
+        return self.mixed_precision.scale(torch.ones((), device=self.device))
+
+    def mean_over_ranks(self, tensor: torch.Tensor) -> torch.Tensor:
+        if self.world_size <= 1:
+            return tensor
+        return self.world_all_reduce(tensor.detach().clone()) / self.world_size
+
+    # ---- the iteration ---------------------------------------------------------------------------------------------
+    def train_iteration(self, batch: Any) -> IterationResult:
         images = batch[0] if isinstance(batch, list | tuple) else batch
         if isinstance(batch, list | tuple) and len(batch) > 1:
             self.count_skipped_files(batch[1])
         with self.phase("h2d"):
             reals = self.prepare_images(images)
-        batch_size = reals.shape[0]
-        G, D = self.generator, self.discriminator
-        logs: dict[str, torch.Tensor] = {}
-
-        # D_main: real vs detached fakes.
-        z_d = self._sample_latents(batch_size)
-        D.requires_grad_(True)
-        loss_d_total = torch.zeros((), device=self.device)
-        for real, z in zip(self.micro_batches(reals), self.micro_batches(z_d), strict=True):
-            with self.phase("G_fwd"), torch.no_grad(), self.autocast():
-                fake = G(z)
-            with self.phase("D_fwd"), self.autocast():
-                real_logits = D(self._augment(real))
-                fake_logits = D(self._augment(fake))
-                loss_d = discriminator_loss(self.loss_kind, real_logits, fake_logits)
-            if self.augment is not None:
-                self.augment.observe_real_logits(real_logits.detach())
-            with self.phase("D_bwd"):
-                self.loss_backward(loss_d, "D")
-            loss_d_total += loss_d.detach() / self.core.accumulate
-        with self.phase("opt_step"):
-            self.step("D")
-        logs["loss/D"] = loss_d_total
-        logs["logits/real"] = real_logits.detach().float().mean()
-        logs["logits/fake"] = fake_logits.detach().float().mean()
-
-        # D_reg: lazy R1 on real images (augmented as D sees them).
-        if self.r1_gamma > 0 and self.iteration % self.r1_interval == 0:
-            # The GradScaler's scale as a device tensor (scale() of a one): get_scale() would make the host wait.
-            loss_scale = self.mixed_precision.scale(torch.ones((), device=self.device))
-            r1_total = torch.zeros((), device=self.device)
-            with self.double_backward(
-                D
-            ):  # eager D (compiled backward is not differentiable), gathered under FSDP
-                for real in self.micro_batches(reals):
-                    # One breakdown row for R1 (StyleGAN2-ADA's Dreg): its forward, gradient penalty (a first
-                    # backward) and double backward, so its cost is visible apart from D_main's.
-                    with self.phase("D_reg"):
-                        real = real.detach().requires_grad_(True)
-                        with self.autocast():
-                            logits = D(self._augment(real))
-                        penalty = r1_penalty(logits, real, loss_scale)
-                        self.loss_backward(penalty * (self.r1_gamma / 2) * self.r1_interval, "D")
-                    r1_total += penalty.detach() / self.core.accumulate
-            with self.phase("opt_step"):
-                self.step("D")
-            logs["loss/r1"] = r1_total
-
-        if self.augment is not None:
-            self.augment.update(
-                batch_size * self.world_size, self.world_all_reduce if self.world_size > 1 else None
+            labels = (
+                batch[2].to(self.device, non_blocking=True)
+                if isinstance(batch, list | tuple) and len(batch) > 2
+                else None
             )
+        data = GANBatch(reals, labels)
+        phases = self.objective.phases_at(self.iteration)
+        last_d = max((i for i, p in enumerate(phases) if p.network == "D"), default=-1)
+        logs: dict[str, torch.Tensor] = {}
+        for index, phase in enumerate(phases):
+            logs.update(self.run_phase(phase, data))
+            if index == last_d and self.augment is not None:
+                self.augment.update(
+                    reals.shape[0] * self.world_size, self.world_all_reduce if self.world_size > 1 else None
+                )
+        return IterationResult(reals.shape[0], logs)
 
-        # G_main: D frozen so G's backward leaves D's gradients untouched (and skips computing them).
-        D.requires_grad_(False)
-        z_g = self._sample_latents(batch_size)
-        loss_g_total = torch.zeros((), device=self.device)
-        for z in self.micro_batches(z_g):
-            with self.phase("G_fwd"), self.autocast():
-                fake = G(z)
-            with self.phase("D_fwd"), self.autocast():
-                loss_g = generator_loss(self.loss_kind, D(self._augment(fake)))
-            with self.phase("G_bwd"):
-                self.loss_backward(loss_g, "G")
-            loss_g_total += loss_g.detach() / self.core.accumulate
+    def run_phase(self, phase: Phase, batch: GANBatch) -> dict[str, torch.Tensor]:
+        """One phase: its network trainable and the other frozen (its backward then skips the other's
+        gradients), `accumulate` micro-batches, one optimizer step. Returns the phase's logs (micro-batch means)."""
+        trained = self.networks()[phase.network]
+        frozen = self.discriminator if phase.network == "G" else self.generator
+        frozen.requires_grad_(False)
+        trained.requires_grad_(True)
+        inputs = self.objective.sample_inputs(phase, batch, self.z_dim)
+        chunks = {key: self.micro_batches(value) for key, value in inputs.items()}
+        sums: dict[str, torch.Tensor] = {}
+        regularising = phase.double_backward
+        # A regularisation phase is one breakdown row (StyleGAN2-ADA's Dreg/Greg: forward, gradient, double backward).
+        whole = self.phase(f"{phase.network}_reg") if regularising else nullcontext()
+        self._timing_forwards = not regularising
+        try:
+            with whole, self.double_backward(trained) if regularising else nullcontext():
+                for micro in range(self.core.accumulate):
+                    out = self.objective.loss(
+                        phase, self, {key: parts[micro] for key, parts in chunks.items()}
+                    )
+                    loss = out.loss * phase.interval if phase.interval != 1 else out.loss
+                    with nullcontext() if regularising else self.phase(f"{phase.network}_bwd"):
+                        self.loss_backward(loss, phase.network)
+                    for key, value in out.logs.items():
+                        value = value.detach().float() / self.core.accumulate
+                        sums[key] = sums[key] + value if key in sums else value
+        finally:
+            self._timing_forwards = True
+            frozen.requires_grad_(True)
         with self.phase("opt_step"):
-            self.step("G")
-        D.requires_grad_(True)
-        logs["loss/G"] = loss_g_total
+            self.step(phase.network)
+        return sums
 
-        self.end_iteration(batch_size, logs)
+    # ---- read by the throughput monitor (iteration kinds: with lazy R1 or without) -------------------------------
+    @property
+    def r1_gamma(self) -> float:
+        r1 = next((r for r in self.objective.regularizers.values() if isinstance(r, R1Penalty)), None)
+        return r1.gamma if r1 is not None else 0.0
+
+    @property
+    def r1_interval(self) -> int:
+        r1 = next((r for r in self.objective.regularizers.values() if isinstance(r, R1Penalty)), None)
+        return r1.interval if r1 is not None else 1
 
     def logging_values(self) -> dict[str, float]:
         # ADA's p and r_t live on the device; read them only when the iteration logs.

@@ -14,6 +14,11 @@ Style-transfer side: :func:`gram_matrix` / :func:`style_gram_distance` (shared w
 The protocol (quantization, resize, float64 statistics) is described in the README, section "Evaluation" ("The protocol").
 """
 
+from pixelsmith.data.fingerprint import (  # the data side of a cache key
+    fingerprint_file,
+    fingerprint_image_folder,
+)
+from pixelsmith.data.mnist import mnist_reference
 from pixelsmith.metrics.extractors import (
     INCEPTION_WEIGHTS_CONFIG_KEY,
     INCEPTION_WEIGHTS_FILE,
@@ -45,9 +50,7 @@ from pixelsmith.metrics.image_metrics import (
     StyleGramDistance,
     StyleTransferMetrics,
     build_lpips_network,
-    gram_matrix,
     lpips_distance,
-    style_gram_distance,
     to_unit_range,
 )
 from pixelsmith.metrics.protocol import quantize_to_uint8, uint8_to_unit_range
@@ -55,12 +58,10 @@ from pixelsmith.metrics.reference_cache import (
     ReferenceStats,
     default_cache_dir,
     extract_features,
-    fingerprint_file,
-    fingerprint_image_folder,
     load_or_compute_reference_stats,
-    mnist_reference,
 )
 from pixelsmith.metrics.weights import MissingWeightsError, resolve_weights_file
+from pixelsmith.style.gram import gram_matrix, style_gram_distance  # the style loss's own definition
 
 __all__ = [
     "ALL_GAN_METRICS",

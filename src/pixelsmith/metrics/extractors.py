@@ -19,8 +19,9 @@ import torch.nn.functional as F
 from torch import nn
 from torchmetrics.image.fid import NoTrainInceptionV3
 
+from pixelsmith.hashing import file_sha256
 from pixelsmith.metrics.protocol import QUANTIZE_PROTOCOL
-from pixelsmith.metrics.weights import MissingWeightsError, file_sha256, resolve_weights_file
+from pixelsmith.metrics.weights import MissingWeightsError, resolve_weights_file
 
 # The FID Inception weights (TensorFlow's 2015-12-05 graph converted to PyTorch). pytorch-fid names the file
 # pt_inception-...; torch-fidelity (and torchmetrics, which downloads through torch-fidelity) saves the same

@@ -1,8 +1,7 @@
 """Paired-image metrics for style transfer: content SSIM, LPIPS, PSNR and the style Gram distance.
 
-This is the one implementation of the Gram matrix in Pixelsmith: the style-transfer loss imports
-:func:`gram_matrix` and :func:`style_gram_distance` from here, so the validation metric and the training loss can
-never drift apart. All image arguments are float tensors [B, C, H, W] in [-1, 1] (the models' output range);
+The Gram matrix and the Gram distance are the style loss's own (`pixelsmith.style.gram`, one implementation in
+Pixelsmith): the validation metric imports them from there, so it and the training loss can never drift apart. All image arguments are float tensors [B, C, H, W] in [-1, 1] (the models' output range);
 grayscale images are repeated to 3 channels where a network needs RGB.
 
 SSIM and PSNR come from torchmetrics, on images mapped to [0, 1] with ``data_range=1`` (SSIM's luminance term is
@@ -25,6 +24,10 @@ from torchmetrics.functional.image.lpips import _lpips_update, _NoTrainLpips
 from torchmetrics.image import PeakSignalNoiseRatio, StructuralSimilarityIndexMeasure
 
 from pixelsmith.metrics.weights import resolve_weights_file
+from pixelsmith.style.gram import (
+    gram_matrix as gram_matrix,  # re-exported: style/module.py still imports it here
+)
+from pixelsmith.style.gram import style_gram_distance
 
 LPIPS_WEIGHTS_CONFIG_KEY = "metrics.lpips_backbone_weights"
 # LPIPS net name -> (torchvision architecture, its ImageNet weights enum entry); the file names come from there:
@@ -42,50 +45,6 @@ class RandomWeightsWarning(UserWarning):
 
 def lpips_backbone_file_name(net: str) -> str:
     return os.path.basename(_LPIPS_BACKBONES[net][1].url)
-
-
-# --- Gram matrices ---------------------------------------------------------------------------------------------
-
-
-def gram_matrix(features: torch.Tensor) -> torch.Tensor:
-    """[B, C, H, W] features -> [B, C, C] Gram matrices, in float32, normalised by C*H*W.
-
-    Autocast is disabled and the features are upcast first: under fp16 a sum of H*W products of activations in
-    the hundreds overflows 65504, and bf16 would lose the small differences the style loss depends on.
-    """
-    if features.dim() != 4:
-        raise ValueError(f"gram_matrix expects features [B, C, H, W], got shape {tuple(features.shape)}")
-    batch, channels, height, width = features.shape
-    with torch.autocast(device_type=features.device.type, enabled=False):
-        flat = features.float().reshape(batch, channels, height * width)
-        return torch.bmm(flat, flat.transpose(1, 2)) / (channels * height * width)
-
-
-def style_gram_distance(
-    features: Sequence[torch.Tensor], target_grams: Sequence[torch.Tensor], reduction: str = "mean"
-) -> torch.Tensor:
-    """Sum over layers of the mean squared difference between Gram matrices (differentiable, float32).
-
-    ``features``: one [B, C, H, W] tensor per layer (e.g. VGG relu1_2, relu2_2, relu3_3, relu4_3) of the images
-    being judged. ``target_grams``: :func:`gram_matrix` of the style image's features at the same layers, [1, C, C]
-    (broadcast over the batch) or [B, C, C]. ``reduction``: "mean" over the batch, "sum", or "none" ([B]).
-    """
-    if len(features) != len(target_grams) or not features:
-        raise ValueError(
-            f"need one target Gram per feature layer, got {len(features)} and {len(target_grams)}"
-        )
-    per_sample = None
-    for layer_features, target in zip(features, target_grams, strict=True):
-        difference = gram_matrix(layer_features) - target.float()
-        layer_distance = difference.square().mean(dim=(1, 2))
-        per_sample = layer_distance if per_sample is None else per_sample + layer_distance
-    if reduction == "mean":
-        return per_sample.mean()
-    if reduction == "sum":
-        return per_sample.sum()
-    if reduction == "none":
-        return per_sample
-    raise ValueError(f"reduction must be 'mean', 'sum' or 'none', got {reduction!r}")
 
 
 class StyleGramDistance(Metric):

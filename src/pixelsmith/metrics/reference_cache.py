@@ -31,7 +31,6 @@ from pixelsmith.metrics.extractors import FeatureExtractor
 from pixelsmith.metrics.feature_metrics import knn_radii
 from pixelsmith.metrics.fid import GaussianStats, features_to_stats
 from pixelsmith.metrics.protocol import quantize_to_uint8
-from pixelsmith.metrics.weights import file_sha256
 
 CACHE_FORMAT_VERSION = 1
 CACHE_ENV_VAR = "PIXELSMITH_CACHE"
@@ -217,55 +216,3 @@ def _distributed_rank() -> tuple[int, int]:
     if torch.distributed.is_available() and torch.distributed.is_initialized():
         return torch.distributed.get_rank(), torch.distributed.get_world_size()
     return 0, 1
-
-
-# --- dataset fingerprints ------------------------------------------------------------------------------------
-
-
-def fingerprint_file(path: str | os.PathLike) -> str:
-    """Content fingerprint of one data file (name + sha256 prefix)."""
-    return f"{Path(path).name}:sha256={file_sha256(path)[:16]}"
-
-
-def fingerprint_image_folder(root: str | os.PathLike, extensions=(".png", ".jpg", ".jpeg", ".webp")) -> str:
-    """Cheap fingerprint of an image folder: relative paths, sizes and modification times of its images.
-
-    Hashing every byte of a large folder would take minutes; any added, removed, resized or re-saved file changes
-    this fingerprint. Touching a file without changing it also does (a harmless recomputation).
-    """
-    root = Path(root)
-    digest = hashlib.sha256()
-    count = 0
-    for path in sorted(p for p in root.rglob("*") if p.suffix.lower() in extensions and p.is_file()):
-        stat = path.stat()
-        digest.update(f"{path.relative_to(root).as_posix()}\0{stat.st_size}\0{stat.st_mtime_ns}\n".encode())
-        count += 1
-    return f"folder:{root.name}:{count}files:sha256={digest.hexdigest()[:16]}"
-
-
-# --- the embedded MNIST default ------------------------------------------------------------------------------
-
-
-def mnist_reference(
-    npz_path: str | os.PathLike | None = None, resolution: int = 32, seed: int = 0, batch_size: int = 500
-) -> tuple[str, str, Callable[[], Iterable[torch.Tensor]]]:
-    """(fingerprint, dataset protocol, batch factory) for reference statistics of the embedded MNIST default.
-
-    The images are the training pixels themselves: :func:`pixelsmith.data.mnist.load_mnist` (uint8, bilinear
-    antialiased resize from 28x28, rounded), so real and generated images differ only by what the GAN learnt.
-    The file is sorted by digit, so the first N images would be a few classes only: the batches follow a seeded
-    permutation, and the seed is part of the fingerprint.
-    """
-    from pixelsmith.data.mnist import MNIST_FILE, load_mnist
-
-    path = Path(npz_path) if npz_path is not None else MNIST_FILE
-    fingerprint = f"{fingerprint_file(path)}:permutation-seed={seed}"
-    protocol = f"pixelsmith.data.mnist.load_mnist(resolution={resolution}): uint8 bilinear antialias, rounded"
-
-    def make_batches() -> Iterable[torch.Tensor]:
-        images, _ = load_mnist(resolution, path)
-        order = torch.randperm(images.shape[0], generator=torch.Generator().manual_seed(seed))
-        for start in range(0, images.shape[0], batch_size):
-            yield images[order[start : start + batch_size]]
-
-    return fingerprint, protocol, make_batches

@@ -25,9 +25,9 @@ import torch
 import torch.nn.functional as F
 
 from pixelsmith.data.mnist import MNIST_FILE, load_mnist
+from pixelsmith.hashing import file_sha256
 from pixelsmith.metrics.extractors import MNIST_EXTRACTOR_WEIGHTS, MnistDigitNet, MnistFeatureExtractor
 from pixelsmith.metrics.protocol import uint8_to_unit_range
-from pixelsmith.metrics.weights import file_sha256
 
 TEST_PER_CLASS = 100
 

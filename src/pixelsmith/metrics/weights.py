@@ -8,7 +8,6 @@ checkpoints/`` by default), which is where torchvision and torch-fidelity put th
 
 from __future__ import annotations
 
-import hashlib
 import os
 from pathlib import Path
 
@@ -60,20 +59,3 @@ def resolve_weights_file(
         f"{source} and either copy it into {checkpoints} (that directory is $TORCH_HOME/hub/checkpoints; "
         f"$TORCH_HOME defaults to ~/.cache/torch) or pass its location with `{config_key}=/path/to/{file_names[0]}`."
     )
-
-
-_SHA256_CACHE: dict[tuple[str, int, int], str] = {}
-
-
-def file_sha256(path: str | os.PathLike) -> str:
-    """Full sha256 hex digest of a file's bytes, memoised per (path, size, mtime) so a run hashes each file once."""
-    path = Path(path).resolve()
-    stat = path.stat()
-    memo_key = (str(path), stat.st_size, stat.st_mtime_ns)
-    if memo_key not in _SHA256_CACHE:
-        digest = hashlib.sha256()
-        with open(path, "rb") as handle:
-            for block in iter(lambda: handle.read(1 << 20), b""):
-                digest.update(block)
-        _SHA256_CACHE[memo_key] = digest.hexdigest()
-    return _SHA256_CACHE[memo_key]

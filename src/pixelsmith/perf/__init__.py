@@ -1,8 +1,9 @@
-"""Performance toolkit: step-time breakdown, throughput/MFU/memory, torch.profiler windows, switches, auto batch size
-and the benchmark behind `bench.py`. See docs/performance.md.
+"""Performance toolkit of a training run: step-time breakdown, throughput/MFU/memory, torch.profiler windows, auto
+batch size (the hardware switches are part of the run's plan: `pixelsmith.hardware.apply_plan`). The benchmarks (`bench.py`, the plain loop) live outside the package, in `benchmarks/`.
+See docs/performance.md.
 
 `pixelsmith.train.run` calls the three functions below; nothing here runs unless the config asks for it
-(`profiler=breakdown|torch`, `auto_batch.enabled=true`, `hardware.optimizer_impl=...`).
+(`profiler=breakdown|torch`, `auto_batch.enabled=true`).
 """
 
 from __future__ import annotations
@@ -15,19 +16,14 @@ if TYPE_CHECKING:
     from omegaconf import DictConfig
 
     from pixelsmith.hardware import RuntimePlan
-    from pixelsmith.perf.switches import PerfSwitches
 
 
-def prepare_run(cfg: DictConfig, plan: RuntimePlan) -> PerfSwitches:
-    """Before data and model: resolve and apply the memory switches, then (if enabled) search the batch size,
-    which rewrites `cfg.data.batch_size` (and the lrs with `auto_batch.scale_lr`)."""
+def prepare_run(cfg: DictConfig, plan: RuntimePlan) -> None:
+    """Before data and model, after `pixelsmith.hardware.apply_plan` set the plan's switches: (if enabled) search the
+    batch size, which rewrites `cfg.data.batch_size` (and the lrs with `auto_batch.scale_lr`)."""
     from pixelsmith.perf.batch_size import choose_batch_size
-    from pixelsmith.perf.switches import apply_switches, resolve_switches
 
-    switches = resolve_switches(cfg.hardware, plan)
-    apply_switches(switches, plan)
-    choose_batch_size(cfg, plan, switches.memory_fraction)
-    return switches
+    choose_batch_size(cfg, plan, plan.memory_fraction)
 
 
 def build_callbacks(cfg: DictConfig) -> list:

@@ -227,7 +227,7 @@ def make_training_trial(cfg: DictConfig, plan: RuntimePlan) -> Callable[[int], N
     """One real training iteration of a fresh model at a given per-process micro-batch, on one device."""
     import lightning as L
 
-    from pixelsmith.train import build_core_settings, build_datamodule, build_model
+    from pixelsmith.builders import build_core_settings, build_datamodule, build_model
 
     trial_cfg = copy.deepcopy(cfg)
     with open_dict(trial_cfg):

@@ -10,7 +10,8 @@ runs from one `next()` on the loader to the next one, so every millisecond of th
     augment        DiffAugment/ADA (nested inside D_fwd or D_reg: its time is taken out of theirs)
     G_fwd, D_fwd   forward passes (D_fwd also holds the loss)
     D_bwd, G_bwd   backward of the D loss / of the G loss (the G backward runs through D into G)
-    D_reg          lazy R1 (StyleGAN2-ADA's Dreg): its D forward, gradient penalty and double backward
+    D_reg, G_reg   lazy regularisation phases (StyleGAN2-ADA's Dreg: R1; Greg: path length), each whole: forward,
+                   gradient penalty and double backward
     style_fwd, loss_fwd, loss_bwd, style_bwd   the style modules: stylizer and loss-network forward and backward
     opt_step       all-reduce, unscale, finite check, clipping, optimizer step, zero_grad
     ema            the EMA update at the end of the iteration
@@ -46,7 +47,7 @@ from pixelsmith.perf.timer import (
 
 log = logging.getLogger(__name__)
 
-# GAN phases (R1 in D_reg), then the style module's (stylizer and loss-network forward, then their backwards).
+# GAN phases (R1 in D_reg, path length in G_reg), then the style module's (stylizer and loss-network forward, then their backwards).
 CANONICAL_ORDER = [
     DATA_WAIT,
     H2D,
@@ -56,6 +57,7 @@ CANONICAL_ORDER = [
     "D_bwd",
     "D_reg",
     "G_bwd",
+    "G_reg",
     "style_fwd",
     "loss_fwd",
     "loss_bwd",

@@ -23,7 +23,6 @@ import platform
 import re
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -205,47 +204,6 @@ def count_flops(fn: Callable[[], object]) -> int:
     with _eager(), TotalFlopCounter() as counter:
         fn()
     return int(counter.get_total_flops())
-
-
-@dataclass(frozen=True)
-class GANIterationFlops:
-    """FLOPs of one GAN iteration of each kind: `common`, and `r1` (an iteration with lazy R1, every
-    `r1_interval`-th; equal to `common` when R1 is off)."""
-
-    common: int
-    r1: int
-    r1_interval: int
-
-    @property
-    def amortised(self) -> float:
-        """The long-run mean per iteration: one R1 iteration in every `r1_interval`."""
-        return self.common + (self.r1 - self.common) / self.r1_interval
-
-    def mean_over(self, iterations: range) -> float:
-        """Mean FLOPs per iteration over these iteration numbers (R1 runs where `iteration % r1_interval == 0`)."""
-        if len(iterations) == 0:
-            return float(self.common)
-        with_r1 = sum(1 for i in iterations if i % self.r1_interval == 0) if self.r1 != self.common else 0
-        return self.common + with_r1 * (self.r1 - self.common) / len(iterations)
-
-
-def count_gan_iteration_flops(gan, images) -> GANIterationFlops:
-    """Count a `pixelsmith.perf.plain_loop.PlainGAN` iteration on `images` without and with lazy R1 (two real
-    steps: weights and optimizer state change, which FLOPs do not depend on; `gan.iteration` is restored)."""
-    saved = gan.iteration
-    interval = max(1, int(gan.r1_interval))
-    lazy_r1 = gan.r1_gamma > 0
-    try:
-        gan.iteration = 1  # not an R1 iteration (unless r1_interval is 1: then every iteration has R1)
-        common = count_flops(lambda: gan.step(images))
-        if lazy_r1 and interval > 1:
-            gan.iteration = 0
-            r1 = count_flops(lambda: gan.step(images))
-        else:
-            r1 = common
-    finally:
-        gan.iteration = saved
-    return GANIterationFlops(common=common, r1=r1, r1_interval=interval)
 
 
 class FlopCounting:

@@ -30,16 +30,15 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torchvision.utils import make_grid
 
-from pixelsmith.config.schema import (
+from pixelsmith.core.config import OptimizerConfig
+from pixelsmith.core.module import CoreSettings, IterationResult, OptimizerDefinition, TrainingCore
+from pixelsmith.errors import PixelsmithError
+from pixelsmith.style.config import (
     AdaINDecoderConfig,
     LossNetConfig,
-    OptimizerConfig,
     StyleValidationConfig,
     TransformerNetConfig,
 )
-from pixelsmith.core.module import CoreSettings, OptimizerDefinition, TrainingCore
-from pixelsmith.errors import PixelsmithError
-from pixelsmith.metrics.image_metrics import gram_matrix
 from pixelsmith.style.data import (
     EMBEDDED_CONTENT_DIR,
     StyleImageError,
@@ -48,6 +47,7 @@ from pixelsmith.style.data import (
     load_style_images,
     read_image,
 )
+from pixelsmith.style.gram import gram_matrix
 from pixelsmith.style.loss_network import DEFAULT_LAYERS, VGGFeatures, layer_names
 from pixelsmith.style.losses import AdaINLoss, PerceptualStyleLoss
 from pixelsmith.style.networks import ADAIN_ENCODER_LAYERS, AdaINDecoder, AdaINNet, TransformerNet
@@ -209,7 +209,7 @@ class StyleTransferModule(TrainingCore):
         """Style images for this iteration's content batch (AdaIN); None when the style is fixed."""
         return None
 
-    def training_step(self, batch: Any, batch_idx: int) -> None:
+    def train_iteration(self, batch: Any) -> IterationResult:
         images, skipped = batch
         self.count_skipped_files(skipped)
         with self.phase("h2d"):
@@ -226,7 +226,7 @@ class StyleTransferModule(TrainingCore):
                 sums[key] = sums.get(key, 0.0) + value.detach().float() / self.core.accumulate
         with self.phase("opt_step"):
             self.step(self.trained_network)
-        self.end_iteration(
+        return IterationResult(
             content.shape[0], {f"loss/{k}": v for k, v in sums.items() if k in self.logged_terms}
         )
 

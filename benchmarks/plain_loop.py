@@ -1,37 +1,43 @@
 """The GAN iteration written as a plain PyTorch loop: the yardstick for the template's overhead in `bench.py`.
 
-Same networks (instantiated from the same composed config, same seed), same losses (`pixelsmith.gan.losses`), same
-batch, precision (autocast dtype, a GradScaler for fp16), memory format, compilation, Adam implementation, lazy R1
-and generator EMA (the same `EMA` arithmetic) as `GANModule` — and nothing else: no Lightning loop, no callbacks,
-no logging, no non-finite guard, no gradient-norm computation, no per-iteration reseeding. What the template does
-on top of this is what the benchmark's overhead ratio measures.
+Same networks (instantiated from the same composed config, same seed), the same objective object
+(`pixelsmith.gan.objectives`: its phase table and losses, so this loop cannot drift from the template's), same
+batch, precision (autocast dtype, a GradScaler for fp16), memory format, compilation, optimizer and implementation,
+lazy regularisation and generator EMA (the same `EMA` arithmetic) as `GANModule` — and nothing else: no Lightning
+loop, no callbacks, no logging, no non-finite guard, no gradient-norm computation, no per-iteration reseeding, no
+micro-batches. What the template does on top of this is what the benchmark's overhead ratio measures.
 """
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Iterable, Iterator
+from contextlib import nullcontext
 from dataclasses import dataclass
 
 import torch
 from hydra.utils import instantiate
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 from torch import nn
 from torch.utils.data import DataLoader
 
 from pixelsmith.core.ema import EMA
 from pixelsmith.core.module import eager
+from pixelsmith.core.optim import build_optimizer, optimizer_factory
 from pixelsmith.core.precision import AUTOCAST_DTYPES
 from pixelsmith.errors import PixelsmithError
-from pixelsmith.gan.losses import discriminator_loss, generator_loss, r1_penalty
+from pixelsmith.gan.objectives import GANBatch, GANObjective, Phase, R1Penalty
 from pixelsmith.hardware import RuntimePlan
-from pixelsmith.perf.switches import adam_implementation
 
 
 @dataclass
 class PlainGAN:
+    """The objective's phases run by hand; implements `pixelsmith.gan.objectives.GANStep` for the objective."""
+
     G: nn.Module
     D: nn.Module
+    objective: GANObjective
     ema: EMA | None
     opt_g: torch.optim.Optimizer
     opt_d: torch.optim.Optimizer
@@ -39,16 +45,40 @@ class PlainGAN:
     dtype: torch.dtype | None
     device: torch.device
     channels_last: bool
-    loss_kind: str
-    r1_gamma: float
-    r1_interval: int
     z_dim: int
     iteration: int = 0
     images_seen: int = 0
 
+    # ---- GANStep ---------------------------------------------------------------------------------------------
     def autocast(self):
         return torch.autocast(self.device.type, dtype=self.dtype, enabled=self.dtype is not None)
 
+    def G_forward(self, z: torch.Tensor, *conditions: torch.Tensor, grad: bool = True) -> torch.Tensor:
+        with torch.set_grad_enabled(grad and torch.is_grad_enabled()), self.autocast():
+            return self.G(z, *conditions)
+
+    def D_forward(self, images: torch.Tensor, *conditions: torch.Tensor, reals: bool = False) -> torch.Tensor:
+        with self.autocast():
+            return self.D(images, *conditions)
+
+    def loss_scale(self) -> torch.Tensor | float:
+        return self.scaler.scale(torch.ones((), device=self.device)) if self.scaler is not None else 1.0
+
+    def mean_over_ranks(self, tensor: torch.Tensor) -> torch.Tensor:
+        return tensor
+
+    # ---- read by the FLOP count (benchmarks/gan_flops.py) ------------------------------------------------------
+    @property
+    def r1_gamma(self) -> float:
+        r1 = next((r for r in self.objective.regularizers.values() if isinstance(r, R1Penalty)), None)
+        return r1.gamma if r1 is not None else 0.0
+
+    @property
+    def r1_interval(self) -> int:
+        r1 = next((r for r in self.objective.regularizers.values() if isinstance(r, R1Penalty)), None)
+        return r1.interval if r1 is not None else 1
+
+    # ---- the iteration ---------------------------------------------------------------------------------------------
     def _backward_step(self, loss: torch.Tensor, opt: torch.optim.Optimizer) -> None:
         if self.scaler is not None:
             self.scaler.scale(loss).backward()
@@ -59,41 +89,47 @@ class PlainGAN:
             opt.step()
         opt.zero_grad(set_to_none=True)
 
-    def step(self, images: torch.Tensor, with_r1: bool | None = None) -> None:
-        """One iteration; `with_r1` None runs lazy R1 every `r1_interval` iterations (a captured graph fixes it)."""
-        G, D = self.G, self.D
+    def _phase(self, phase: Phase, reals: torch.Tensor) -> None:
+        trained, frozen = (self.G, self.D) if phase.network == "G" else (self.D, self.G)
+        frozen.requires_grad_(False)
+        trained.requires_grad_(True)
+        inputs = self.objective.sample_inputs(phase, GANBatch(reals), self.z_dim)
+        with (
+            eager(trained) if phase.double_backward else nullcontext()
+        ):  # a compiled backward is not differentiable
+            loss = self.objective.loss(phase, self, inputs).loss
+        self._backward_step(loss * phase.interval, self.opt_g if phase.network == "G" else self.opt_d)
+        frozen.requires_grad_(True)
+
+    def step(self, images: torch.Tensor, phase_names: tuple[str, ...] | None = None) -> None:
+        """One iteration: the objective's phases due at this iteration, or exactly `phase_names` (a captured graph
+        fixes its phase set)."""
         reals = images.to(self.device, non_blocking=True).float().mul_(1.0 / 127.5).sub_(1.0)
         if self.channels_last:
             reals = reals.contiguous(memory_format=torch.channels_last)
-        batch = reals.shape[0]
-
-        D.requires_grad_(True)
-        with torch.no_grad(), self.autocast():
-            fake = G(torch.randn(batch, self.z_dim, device=self.device))
-        with self.autocast():
-            loss_d = discriminator_loss(self.loss_kind, D(reals), D(fake))
-        self._backward_step(loss_d, self.opt_d)
-
-        if with_r1 is None:
-            with_r1 = self.r1_gamma > 0 and self.iteration % self.r1_interval == 0
-        if with_r1:
-            real = reals.detach().requires_grad_(True)
-            scale = self.scaler.scale(torch.ones((), device=self.device)) if self.scaler is not None else 1.0
-            with self.autocast(), eager(D):  # a compiled backward is not differentiable (core.module.eager)
-                logits = D(real)
-            penalty = r1_penalty(logits, real, scale)
-            self._backward_step(penalty * (self.r1_gamma / 2) * self.r1_interval, self.opt_d)
-
-        D.requires_grad_(False)
-        with self.autocast():
-            loss_g = generator_loss(self.loss_kind, D(G(torch.randn(batch, self.z_dim, device=self.device))))
-        self._backward_step(loss_g, self.opt_g)
-        D.requires_grad_(True)
-
-        self.images_seen += batch
+        phases = self.objective.phases()
+        if phase_names is None:
+            phases = [p for p in phases if p.runs_at(self.iteration)]
+        else:
+            phases = [p for p in phases if p.name in phase_names]
+        for phase in phases:
+            self._phase(phase, reals)
+        self.images_seen += reals.shape[0]
         if self.ema is not None:
-            self.ema.update(G, batch, self.images_seen)
+            self.ema.update(self.G, reals.shape[0], self.images_seen)
         self.iteration += 1
+
+    def phase_sets(self) -> list[tuple[str, ...]]:
+        """The distinct phase sets over one cycle of the lazy intervals, in the order of first use; the cycle's
+        length is the product of the intervals' lcm."""
+        phases = self.objective.phases()
+        cycle = math.lcm(*(p.interval for p in phases))
+        sets: list[tuple[str, ...]] = []
+        for iteration in range(cycle):
+            names = tuple(p.name for p in phases if p.runs_at(iteration))
+            if names not in sets:
+                sets.append(names)
+        return sets
 
 
 def build_plain_gan(
@@ -103,6 +139,7 @@ def build_plain_gan(
     model = cfg.model
     G = instantiate(model.generator).to(device)
     D = instantiate(model.discriminator).to(device)
+    objective = instantiate(model.objective).to(device)
     if plan.channels_last:
         G.to(memory_format=torch.channels_last)
         D.to(memory_format=torch.channels_last)
@@ -110,35 +147,30 @@ def build_plain_gan(
     if plan.compile:
         G.compile(mode=plan.compile_mode)
         D.compile(mode=plan.compile_mode)
-    ratio = model.r1_interval / (model.r1_interval + 1) if model.r1_gamma > 0 else 1.0
 
-    def adam(params, opt_cfg, scale):
-        params = list(params)
-        return torch.optim.Adam(
-            params,
-            lr=opt_cfg.lr * scale,
-            betas=tuple(b**scale for b in opt_cfg.betas),
-            eps=opt_cfg.eps,
-            weight_decay=opt_cfg.weight_decay,
-            **adam_implementation(optimizer_impl, params),
-            # CUDA-graph capture needs Adam's step counts on the device (`StaticGraphStep`).
-            **({"capturable": True} if capturable else {}),
+    def optimizer(params, node: DictConfig, network: str) -> torch.optim.Optimizer:
+        factory = optimizer_factory(
+            OmegaConf.to_container(node, resolve=True), f"model.{network.lower()}_optimizer"
         )
+        if (
+            capturable
+        ):  # CUDA-graph capture needs the optimizer's step counts on the device (`StaticGraphStep`)
+            factory.keywords["capturable"] = True
+        ratio = objective.lazy_ratio(network)
+        return build_optimizer(factory, list(params), ratio, ratio, optimizer_impl)
 
     dtype = AUTOCAST_DTYPES[plan.precision]
     return PlainGAN(
         G=G,
         D=D,
+        objective=objective,
         ema=ema,
-        opt_g=adam(G.parameters(), model.g_optimizer, 1.0),
-        opt_d=adam(D.parameters(), model.d_optimizer, ratio),
+        opt_g=optimizer(G.parameters(), model.g_optimizer, "G"),
+        opt_d=optimizer(D.parameters(), model.d_optimizer, "D"),
         scaler=torch.amp.GradScaler(device.type) if plan.precision == "16-mixed" else None,
         dtype=dtype,
         device=device,
         channels_last=plan.channels_last,
-        loss_kind=model.loss,
-        r1_gamma=float(model.r1_gamma),
-        r1_interval=int(model.r1_interval),
         z_dim=int(G.z_dim),
     )
 
@@ -147,7 +179,7 @@ def plain_loader(cfg: DictConfig, plan: RuntimePlan) -> Iterable[torch.Tensor]:
     """The same dataset and loader settings as the template's datamodule, with a plain shuffling sampler; with
     `data.on_device` (MNIST) the images live on the device and each epoch is a device-side permutation, as a user
     who keeps a small dataset on the GPU would write it."""
-    from pixelsmith.train import build_datamodule
+    from pixelsmith.builders import build_datamodule
 
     datamodule = build_datamodule(cfg, plan)
     datamodule.setup("fit")
@@ -235,8 +267,8 @@ class StaticGraphStep:
 
 
 class GraphedPlainGAN:
-    """The plain GAN iteration as CUDA graphs: one without R1 and one with it (lazy R1 runs every `r1_interval`
-    iterations, StyleGAN2-ADA's Dreg), both over the same static batch buffer. The EMA's beta is fixed at its value
+    """The plain GAN iteration as CUDA graphs, one per distinct phase set of the objective (e.g. without and with
+    lazy R1, StyleGAN2-ADA's Dreg, every `interval` iterations), each over its own static batch buffer. The EMA's beta is fixed at its value
     at capture time (a few iterations in, still in the ramp-up): only the EMA's values differ from the plain loop,
     not the work per iteration, which is what the benchmark times. fp16's GradScaler is not capture-safe (it decides on the
     host whether to step), so graphs run in bf16-mixed or 32-true."""
@@ -250,14 +282,18 @@ class GraphedPlainGAN:
         self.gan = gan
         self.iteration = 0
         example = example.to(gan.device)
-        self.main = StaticGraphStep(lambda x: gan.step(x, with_r1=False), example, capture)
-        self.with_r1 = (
-            StaticGraphStep(lambda x: gan.step(x, with_r1=True), example, capture)
-            if gan.r1_gamma > 0
-            else None
-        )
+        # One graph per distinct phase set (without and with each lazy regulariser), all over one static buffer.
+        self.graphs = {
+            names: StaticGraphStep(lambda x, names=names: gan.step(x, names), example, capture)
+            for names in gan.phase_sets()
+        }
+        self.phases = gan.objective.phases()
+        plain = tuple(p.name for p in self.phases if p.interval == 1)
+        self.main = self.graphs.get(plain) or next(iter(self.graphs.values()))
+        regularized = [step for names, step in self.graphs.items() if names != plain]
+        self.regularized = regularized[0] if len(regularized) == 1 else None  # the usual case: lazy R1 alone
 
     def step(self, images: torch.Tensor) -> None:
-        lazy_r1 = self.with_r1 is not None and self.iteration % self.gan.r1_interval == 0
-        (self.with_r1 if lazy_r1 else self.main)(images)
+        names = tuple(p.name for p in self.phases if p.runs_at(self.iteration))
+        self.graphs[names](images)
         self.iteration += 1

@@ -1,7 +1,7 @@
 """Benchmark: images/s of Pixelsmith's GAN-metric pipeline vs torch-fidelity on the same extractor, in one run.
 
-    python -m pixelsmith.metrics.bench                         # offline MNIST extractor, 2000 images
-    python -m pixelsmith.metrics.bench --extractor inception --num-images 96   # FID Inception (random weights
+    python -m benchmarks.metrics_bench                         # offline MNIST extractor, 2000 images
+    python -m benchmarks.metrics_bench --extractor inception --num-images 96   # FID Inception (random weights
                                                                # unless --inception-weights is given)
 
 Both sides compute FID, KID, IS and precision/recall for the same generated images, with the real side cached

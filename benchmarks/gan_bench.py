@@ -7,7 +7,7 @@ PyTorch loop doing the same work, so the template's overhead is a measured ratio
     python bench.py --repeats 5 --warmup 3 --steps 20 --hardware auto   # on a GPU machine
 
 Per cell and repeat, the template run (`pixelsmith.train.run` with the default callbacks and loggers, progress bar
-off) and the plain loop (`pixelsmith.perf.plain_loop`) each run in a new Python process (no allocator, oneDNN or
+off) and the plain loop (`benchmarks.plain_loop`) each run in a new Python process (no allocator, oneDNN or
 compile cache carried over), `--warmup` iterations first, then `--steps` timed ones; images/s = steps x batch /
 (wall time from the end of the last warm-up iteration to the end of the last timed one), the same clock for both.
 Template and plain alternate in order from repeat to repeat, and cells interleave, so load drift on a shared
@@ -39,8 +39,8 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from lightning.pytorch.callbacks import Callback
-
+from benchmarks.child import child_env
+from benchmarks.harness import CLOCK_TARGET, IterationClock, compose
 from pixelsmith.errors import PixelsmithError
 
 RESULT_PREFIX = "PIXELSMITH_BENCH_RESULT "
@@ -86,22 +86,6 @@ FULL_AXES = {
 }
 
 
-class IterationClock(Callback):
-    """Wall clock and process CPU time at the end of every training iteration (class-level, read by the bench
-    child after run())."""
-
-    ends: list[float] = []
-    cpu_ends: list[float] = []
-
-    def on_train_start(self, trainer, pl_module) -> None:
-        IterationClock.ends = []
-        IterationClock.cpu_ends = []
-
-    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
-        IterationClock.ends.append(time.perf_counter())
-        IterationClock.cpu_ends.append(time.process_time())
-
-
 # ---- child process ------------------------------------------------------------------------------------------------
 def cell_overrides(cell: Cell, args: dict[str, Any]) -> list[str]:
     return [
@@ -122,23 +106,6 @@ def cell_overrides(cell: Cell, args: dict[str, Any]) -> list[str]:
     ]
 
 
-def _compose(overrides: list[str], output_dir: Path):
-    from hydra import compose, initialize_config_dir
-    from hydra.core.global_hydra import GlobalHydra
-    from omegaconf import open_dict
-
-    from pixelsmith.config.schema import register_configs
-    from pixelsmith.paths import CONF_DIR
-
-    register_configs()
-    GlobalHydra.instance().clear()
-    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-        cfg = compose(config_name="train", overrides=overrides)
-    with open_dict(cfg):
-        cfg.paths.output_dir = str(output_dir)
-    return cfg
-
-
 def _images_per_second(ends: list[float], warmup: int, steps: int, batch: int) -> float:
     if len(ends) < warmup + steps or warmup < 1:
         raise RuntimeError(
@@ -150,8 +117,8 @@ def _images_per_second(ends: list[float], warmup: int, steps: int, batch: int) -
 def _count_plain_flops(cfg, plan, optimizer_impl: str, warmup: int, steps: int) -> dict[str, Any]:
     """FLOPs of a plain iteration without and with lazy R1, and their mean over the timed iterations
     (warmup .. warmup + steps - 1 of a fresh run: R1 runs where iteration % r1_interval == 0)."""
-    from pixelsmith.perf.flops import count_gan_iteration_flops
-    from pixelsmith.perf.plain_loop import build_plain_gan, endless, plain_loader
+    from benchmarks.gan_flops import count_gan_iteration_flops
+    from benchmarks.plain_loop import build_plain_gan, endless, plain_loader
 
     gan = build_plain_gan(cfg, plan, optimizer_impl)
     images = next(endless(plain_loader(cfg, plan)))
@@ -173,7 +140,7 @@ def child_main(spec: dict[str, Any]) -> dict[str, Any]:
     cell = Cell(**spec["cell"])
     output_dir = Path(spec["output_dir"])
     overrides = cell_overrides(cell, spec) + list(spec.get("run_overrides", []))
-    cfg = _compose(overrides, output_dir)
+    cfg = compose(overrides, output_dir)
     if cfg.get("eval") is not None and "every_n_steps" in cfg.eval:
         from omegaconf import open_dict
 
@@ -187,55 +154,38 @@ def child_main(spec: dict[str, Any]) -> dict[str, Any]:
 
         with open_dict(cfg):
             cfg.callbacks = cfg.callbacks or {}
-            cfg.callbacks.bench_clock = {"_target_": "pixelsmith.perf.bench.IterationClock"}
+            cfg.callbacks.bench_clock = {"_target_": CLOCK_TARGET}
         run(cfg)
-        # The child runs as __main__; Hydra instantiated the clock from the importable module, so read it there.
-        from pixelsmith.perf import bench as bench_module
-
-        ends, cpu_ends = bench_module.IterationClock.ends, bench_module.IterationClock.cpu_ends
+        ends, cpu_ends = IterationClock.ends, IterationClock.cpu_ends
         breakdown = output_dir / "perf" / "breakdown.csv"
         if breakdown.is_file():
             result["breakdown_csv"] = str(breakdown)
             result["breakdown_md"] = str(output_dir / "perf" / "breakdown.md")
         if spec.get("count_flops"):
-            from pixelsmith.perf.switches import resolve_switches
-            from pixelsmith.train import build_plan
+            from pixelsmith.builders import build_plan
 
             plan = build_plan(cfg)
-            result.update(
-                _count_plain_flops(
-                    cfg,
-                    plan,
-                    resolve_switches(cfg.hardware, plan).optimizer_impl,
-                    spec["warmup"],
-                    spec["steps"],
-                )
-            )
+            result.update(_count_plain_flops(cfg, plan, plan.optimizer_impl, spec["warmup"], spec["steps"]))
     else:
         import lightning as L
 
-        from pixelsmith.hardware import apply_backend_settings
-        from pixelsmith.perf.plain_loop import build_plain_gan, plain_loader, run_plain
-        from pixelsmith.perf.switches import apply_switches, resolve_switches
-        from pixelsmith.train import build_plan
+        from benchmarks.plain_loop import build_plain_gan, plain_loader, run_plain
+        from pixelsmith.builders import build_plan
+        from pixelsmith.hardware import apply_plan
 
         plan = build_plan(cfg)
-        apply_backend_settings(plan)
-        switches = resolve_switches(cfg.hardware, plan)
-        apply_switches(switches, plan)
+        apply_plan(plan)
         L.seed_everything(cfg.seed, workers=True, verbose=False)
         graphed = spec["kind"] == "graphed"
-        gan = build_plain_gan(cfg, plan, switches.optimizer_impl, capturable=graphed)
+        gan = build_plain_gan(cfg, plan, plan.optimizer_impl, capturable=graphed)
         loader = plain_loader(cfg, plan)
         if graphed:
-            from pixelsmith.perf.plain_loop import GraphedPlainGAN, endless
+            from benchmarks.plain_loop import GraphedPlainGAN, endless
 
             gan = GraphedPlainGAN(gan, next(endless(loader)), capture=torch.cuda.is_available())
         ends, cpu_ends = run_plain(gan, loader, spec["warmup"] + spec["steps"])
         if spec.get("count_flops"):
-            result.update(
-                _count_plain_flops(cfg, plan, switches.optimizer_impl, spec["warmup"], spec["steps"])
-            )
+            result.update(_count_plain_flops(cfg, plan, plan.optimizer_impl, spec["warmup"], spec["steps"]))
     result["img_per_s"] = _images_per_second(ends, spec["warmup"], spec["steps"], cell.batch_size)
     timed = ends[spec["warmup"] - 1 : spec["warmup"] + spec["steps"]]
     result["iteration_seconds"] = [b - a for a, b in zip(timed, timed[1:], strict=False)]
@@ -256,12 +206,12 @@ def run_child(spec: dict[str, Any], timeout: float) -> dict[str, Any]:
     output_dir.mkdir(parents=True, exist_ok=True)
     started = time.perf_counter()
     proc = subprocess.run(
-        [sys.executable, "-m", "pixelsmith.perf.bench", "--child", json.dumps(spec)],
+        [sys.executable, "-m", "benchmarks.gan_bench", "--child", json.dumps(spec)],
         capture_output=True,
         text=True,
         timeout=timeout,
         check=False,
-        env={**os.environ, "HYDRA_FULL_ERROR": "1"},
+        env=child_env(HYDRA_FULL_ERROR="1"),
     )
     (output_dir / "child.log").write_text(proc.stdout + "\n--- stderr ---\n" + proc.stderr)
     lines = [line for line in proc.stdout.splitlines() if line.startswith(RESULT_PREFIX)]
@@ -691,7 +641,7 @@ def bench_markdown(report: dict[str, Any]) -> str:
         "timed iteration of all repeats pooled, template over plain - 1: the overhead figure to quote (a burst of "
         "load moves a few iterations, not the pooled median). Best iteration: the fastest timed iteration over all "
         "repeats (timeit's rule). CUDA-graph step: the plain iteration captured once as CUDA graphs (one with "
-        "lazy R1, one without; `perf/plain_loop.py` GraphedPlainGAN) and replayed over a static batch buffer: the "
+        "lazy R1, one without; `benchmarks/plain_loop.py` GraphedPlainGAN) and replayed over a static batch buffer: the "
         "launch-free limit of this step on this GPU; the ratio is template over graph (the target is >= 0.7).",
         "GFLOP/iter: matmul and convolution FLOPs (forward, backward, R1's double backward) of the plain "
         "iteration, averaged over the timed iterations: lazy R1 iterations (every r1_interval-th) count as often "
@@ -719,11 +669,16 @@ TARGET_DATA_WAIT = 0.05  # share of the step
 
 def _profile_cell(report: dict[str, Any]) -> dict[str, Any] | None:
     """The cell whose settings are the hardware profile's defaults (None when the matrix does not hold it)."""
-    from pixelsmith.hardware import load_profile
+    import tempfile
+
+    from hydra.errors import HydraException
+
+    from benchmarks.harness import compose
 
     try:
-        profile = load_profile(report["settings"]["hardware"])
-    except PixelsmithError:
+        with tempfile.TemporaryDirectory() as scratch:
+            profile = compose([f"hardware={report['settings']['hardware']}"], Path(scratch)).hardware
+    except (HydraException, PixelsmithError):
         return None
     for record in report["cells"]:
         cell = record["settings"]

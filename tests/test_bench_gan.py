@@ -8,9 +8,11 @@ import json
 import pytest
 from PIL import Image
 
-from pixelsmith.perf.bench import DEFAULT_CELLS, build_cells, parse_args, targets_markdown
+from benchmarks.gan_bench import DEFAULT_CELLS, build_cells, parse_args, targets_markdown
 from pixelsmith.perf.flops import cpu_peak_flops
 from tests.conftest import run_cli
+
+pytestmark = pytest.mark.bench
 
 
 def test_matrix_is_the_product_of_the_axes_given():

@@ -6,7 +6,9 @@ import re
 
 import pytest
 
-from pixelsmith.perf import style_bench
+from benchmarks import style_bench
+
+pytestmark = pytest.mark.bench
 
 
 @pytest.mark.slow

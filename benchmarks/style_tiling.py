@@ -1,4 +1,4 @@
-"""Peak memory and time of tiled stylization at 2K/4K/8K on CPU: `python -m pixelsmith.style.bench_tiling`.
+"""Peak memory and time of tiled stylization at 2K/4K/8K on CPU: `python -m benchmarks.style_tiling`.
 
 Each size runs in a fresh child process (so one size's allocator high-water mark cannot hide another's) that
 loads a random-weight TransformerNet, stylizes a JPEG of that size file-to-file through `stylize_paths`, and reports
@@ -20,6 +20,8 @@ from pathlib import Path
 
 import numpy as np
 from PIL import Image
+
+from benchmarks.child import child_env
 
 SIZES = {"2k": (2048, 1080), "4k": (3840, 2160), "8k": (7680, 4320)}
 
@@ -101,7 +103,7 @@ def main(argv: list[str] | None = None) -> None:
             width, height = SIZES[name]
             source = Path(tmp) / f"{name}.jpg"
             synthetic_photo(width, height).save(source, quality=92)
-            command = [sys.executable, "-m", "pixelsmith.style.bench_tiling", "--child"]
+            command = [sys.executable, "-m", "benchmarks.style_tiling", "--child"]
             command += ["--input", str(source), "--output", str(Path(tmp) / f"{name}_out.jpg")]
             command += [
                 "--tile",
@@ -121,7 +123,7 @@ def main(argv: list[str] | None = None) -> None:
                 "--base-channels",
                 str(args.base_channels),
             ]
-            finished = subprocess.run(command, capture_output=True, text=True, check=False)
+            finished = subprocess.run(command, capture_output=True, text=True, check=False, env=child_env())
             if finished.returncode != 0:
                 raise SystemExit(f"{name} failed:\n{finished.stderr}")
             result = json.loads(finished.stdout.strip().splitlines()[-1])

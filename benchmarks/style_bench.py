@@ -1,7 +1,7 @@
 """Style-training speed: the template against a plain PyTorch loop of the same style step, side by side.
 
-    python -m pixelsmith.perf.style_bench                       # paper size: 256 px, batch 4, TransformerNet 32/5
-    python -m pixelsmith.perf.style_bench --precisions 32-true bf16-mixed --repeats 5 --steps 30
+    python -m benchmarks.style_bench                          # paper size: 256 px, batch 4, TransformerNet 32/5
+    python -m benchmarks.style_bench --precisions 32-true bf16-mixed --repeats 5 --steps 30
 
 Each measurement runs in a fresh interpreter, alternating template and plain within a repeat so that a busy machine
 slows both alike. "template" is `train.py experiment=style_fast` at the chosen size (the real Trainer, callbacks,
@@ -23,6 +23,9 @@ import tempfile
 import time
 from pathlib import Path
 from typing import Any
+
+from benchmarks.child import child_env
+from benchmarks.harness import CLOCK_TARGET, IterationClock, compose
 
 
 def overrides_for(spec: dict[str, Any]) -> list[str]:
@@ -53,11 +56,9 @@ def _run_template(cfg) -> list[float]:
     from pixelsmith.train import run
 
     with open_dict(cfg):  # the GAN bench's clock: the same readings for both benches and both kinds
-        cfg.callbacks.bench_clock = {"_target_": "pixelsmith.perf.bench.IterationClock"}
+        cfg.callbacks.bench_clock = {"_target_": CLOCK_TARGET}
     run(cfg)
-    from pixelsmith.perf import bench  # Hydra instantiated the clock from the importable module
-
-    return list(bench.IterationClock.ends)
+    return list(IterationClock.ends)
 
 
 def _run_plain(cfg, iterations: int) -> list[float]:
@@ -65,11 +66,11 @@ def _run_plain(cfg, iterations: int) -> list[float]:
     import lightning as L
     import torch
 
-    from pixelsmith.hardware import apply_backend_settings
-    from pixelsmith.train import build_core_settings, build_datamodule, build_model, build_plan
+    from pixelsmith.builders import build_core_settings, build_datamodule, build_model, build_plan
+    from pixelsmith.hardware import apply_plan
 
     plan = build_plan(cfg)
-    apply_backend_settings(plan)
+    apply_plan(plan)
     L.seed_everything(cfg.seed, verbose=False)
     module = build_model(cfg, build_core_settings(cfg, plan))
     device = torch.device("cuda" if plan.accelerator == "cuda" else "cpu")
@@ -106,9 +107,9 @@ def child_main(spec: dict[str, Any]) -> dict[str, Any]:
 
     if spec.get("threads"):
         torch.set_num_threads(int(spec["threads"]))
-    from pixelsmith.perf.bench import _compose  # the GAN bench's: the real config tree, outputs in a temp dir
-
-    cfg = _compose(overrides_for(spec), Path(spec["output_dir"]))
+    cfg = compose(
+        overrides_for(spec), Path(spec["output_dir"])
+    )  # the real config tree, outputs in a temp dir
     iterations = spec["warmup"] + spec["steps"]
     ends = _run_template(cfg) if spec["kind"] == "template" else _run_plain(cfg, iterations)
     timed = ends[spec["warmup"] - 1 : iterations]
@@ -123,11 +124,12 @@ def child_main(spec: dict[str, Any]) -> dict[str, Any]:
 
 def run_child(spec: dict[str, Any], timeout: float = 1800) -> dict[str, Any]:
     proc = subprocess.run(
-        [sys.executable, "-m", "pixelsmith.perf.style_bench", "--child", json.dumps(spec)],
+        [sys.executable, "-m", "benchmarks.style_bench", "--child", json.dumps(spec)],
         capture_output=True,
         text=True,
         timeout=timeout,
         check=False,
+        env=child_env(),
     )
     if proc.returncode != 0:
         raise SystemExit(

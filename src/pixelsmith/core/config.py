@@ -1,0 +1,108 @@
+"""Schemas of the training core's settings (`schedule`, `train`, the optimizer and EMA nodes of every model),
+beside the code that reads them (core/module.py, core/optim.py, core/schedules.py, core/preemption.py)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Any
+
+from pixelsmith.choices import choice, values
+
+
+class Precision(StrEnum):
+    FP32 = "32-true"
+    FP16_MIXED = "16-mixed"
+    BF16_MIXED = "bf16-mixed"
+
+
+class OptimizerImpl(StrEnum):  # core/optim.py OPTIMIZER_IMPLS
+    AUTO = "auto"
+    FUSED = "fused"
+    FOREACH = "foreach"
+    FOR_LOOP = "for_loop"
+
+
+class Schedule(StrEnum):
+    CONSTANT = "constant"
+    WARMUP_COSINE = "warmup_cosine"
+
+
+class HostSyncMode(StrEnum):  # train.host_sync_check (callbacks/host_sync.py)
+    OFF = "off"
+    WARN = "warn"
+    ERROR = "error"
+
+
+PRECISIONS = values(Precision)
+SCHEDULES = values(Schedule)
+HOST_SYNC_MODES = values(HostSyncMode)
+
+
+@dataclass
+class ScheduleConfig:
+    name: str = choice(Schedule, "constant")
+    warmup_steps: int = 0
+    min_lr_ratio: float = 0.0  # cosine decays to lr * min_lr_ratio
+    total_steps: int | None = None  # None = max_steps
+
+
+@dataclass
+class OptimizerConfig:
+    """An optimizer as a Hydra partial (core/optim.py): the core calls it with the parameters. Adam by default;
+    another torch optimizer by `_target_`, with null for the keys it does not take and its own in `kwargs`
+    (e.g. `_target_=torch.optim.SGD betas=null eps=null kwargs={momentum: 0.9}`)."""
+
+    _target_: str = "torch.optim.Adam"
+    _partial_: bool = True
+    lr: float = 2e-4
+    betas: list[float] | None = field(default_factory=lambda: [0.5, 0.999])
+    eps: float | None = 1e-8
+    weight_decay: float = 0.0
+    kwargs: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class EMAConfig:
+    enabled: bool = True
+    half_life_kimg: float = 10.0  # StyleGAN2-ADA: beta = 0.5 ** (batch / (half_life_kimg * 1000))
+    rampup: float | None = 0.05  # half-life limited to rampup * images seen so far (None: no ramp-up)
+
+
+@dataclass
+class PreemptionConfig:
+    """Signals that end the run after the current iteration with last.ckpt, exiting 128 + signal (core/preemption.py)."""
+
+    # the signals that end the run with last.ckpt; [] keeps the default handlers
+    signals: list[str] = field(default_factory=lambda: ["SIGTERM", "SIGUSR1", "SIGUSR2"])
+    # under SLURM: `scontrol requeue` the job (it comes back to the same run dir and resumes) ...
+    requeue: bool = True
+    # ... for these signals (not SIGTERM: `scancel` sends it, and a job the user cancelled must stay cancelled)
+    requeue_on: list[str] = field(default_factory=lambda: ["SIGUSR1", "SIGUSR2"])
+    # under several processes the ranks agree on a signal every N iterations; None = train.log_every_n_steps
+    check_every_n_steps: int | None = None
+
+
+@dataclass
+class TrainLoopConfig:
+    """Loop settings shared by every model: clipping, non-finite guard, logging, samples, checkpoints."""
+
+    clip_grad_norm: float | None = None  # max global L2 norm per optimizer, on unscaled gradients
+    nonfinite_max_consecutive: int = 20  # stop after this many skipped steps in a row
+    log_every_n_steps: int = 10
+    sample_every_n_steps: int = 250
+    checkpoint_every_n_steps: int = 500
+    keep_checkpoints: int = 3  # periodic step_*.ckpt files kept besides last.ckpt (0 keeps none)
+    progress_bar: bool = True
+    # Wall-clock minutes from the start of the run: training also ends at the first iteration past it, and the final
+    # evaluation, samples and checkpoint are of that iteration. None = no budget, always all max_steps.
+    time_budget_minutes: float | None = None
+    # off | warn | error: iterations that log nothing must not make the host wait for the device
+    # (callbacks/host_sync.py; CUDA's sync debug mode on a GPU, a count of syncing ops everywhere)
+    host_sync_check: str = choice(HostSyncMode, "off")
+    # Resume from <run dir>/checkpoints/last.ckpt when the run dir has one and no ckpt_path is given (a requeued
+    # SLURM job, a restarted Kubernetes pod, a torchrun restart, a rerun with the same hydra.run.dir).
+    auto_resume: bool = True
+    # Start in a run dir that holds another run's outputs but no last.ckpt to resume from (they are overwritten).
+    overwrite: bool = False
+    preemption: PreemptionConfig = field(default_factory=lambda: PreemptionConfig())

@@ -1,0 +1,59 @@
+"""Schemas of the data group's options (`conf/data/mnist.yaml`, `image_folder.yaml`; the style content data's is in
+`pixelsmith.style.config`), beside the datamodules: each holds only the keys its datamodule takes."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import StrEnum
+
+from omegaconf import MISSING
+
+from pixelsmith.choices import choice
+
+
+class OnCorrupt(StrEnum):  # an unreadable image file: skip it (warn, count) or stop with its path
+    SKIP = "skip"
+    ERROR = "error"
+
+
+@dataclass
+class DataConfig:
+    """The loader keys every datamodule takes (pixelsmith.data.base.ImageDataModule); `data/_schema`.
+
+    Each option of `conf/data/` has a schema of its own below (a subclass with only the keys its datamodule takes), so
+    a key the datamodule would ignore (`data=mnist data.extensions=[png]`) fails at composition. A fork's datamodule
+    adds its own subclass, registered in `register_configs` (or, untyped, a YAML option without `_schema`)."""
+
+    _target_: str = MISSING
+    name: str = MISSING
+    batch_size: int | None = None  # global micro-batch summed over ranks; None = hardware profile default
+    num_workers: int | None = None  # None = hardware profile default
+    pin_memory: bool | None = None
+    persistent_workers: bool = True
+    prefetch_factor: int = 2
+    limit: int | None = None  # use only the first N items (debugging)
+
+
+@dataclass
+class MNISTDataConfig(DataConfig):
+    """`data=mnist` (pixelsmith.data.mnist.MNISTDataModule): the embedded digits, held in memory."""
+
+    _target_: str = "pixelsmith.data.mnist.MNISTDataModule"
+    name: str = "mnist"
+    resolution: int = 32
+    channels: int = 1  # 1 (grey) or 3 (repeated)
+    # keep the images on the training device and slice batches there (data/on_device.py)
+    on_device: bool = False
+
+
+@dataclass
+class ImageFolderDataConfig(DataConfig):
+    """`data=image_folder` (pixelsmith.data.image_folder.ImageFolderDataModule): your images, searched recursively."""
+
+    _target_: str = "pixelsmith.data.image_folder.ImageFolderDataModule"
+    name: str = "image_folder"
+    root: str | None = None
+    resolution: int = 64
+    channels: int = 3
+    extensions: list[str] = field(default_factory=lambda: ["jpg", "jpeg", "png", "webp"])
+    on_corrupt: str = choice(OnCorrupt, "skip")  # skip (warn and count) | error

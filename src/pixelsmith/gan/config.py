@@ -1,0 +1,119 @@
+"""Schemas of the GAN models (`model=dcgan`, `model=stylegan2`, a fork's `_gan_schema` model), their networks and
+their objective, beside the GAN code: `model.*` keys and `GANModule`'s arguments are kept equal by a test
+(tests/test_config.py), as are each network config and its class's arguments."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Any
+
+from omegaconf import MISSING
+
+from pixelsmith.choices import choice
+from pixelsmith.core.config import EMAConfig, OptimizerConfig
+
+
+class DCGANNorm(StrEnum):
+    BATCH = "batch"
+    INSTANCE = "instance"
+    NONE = "none"
+
+
+@dataclass
+class GANObjectiveConfig:
+    """`model.objective` (pixelsmith.gan.objectives): the adversarial loss (the `model/objective/loss` group:
+    non_saturating | hinge), named regularisers (each a phase: r1 -> Dreg, path_length -> Greg; a zero gamma or
+    weight turns one off) and the order of the main phases ([D, G]: Dmain, Dreg, Gmain, Greg). A fork's objective
+    with arguments of its own gets a schema of its own (a subclass of this one)."""
+
+    _target_: str = "pixelsmith.gan.objectives.GANObjective"
+    loss: Any = MISSING  # {_target_: pixelsmith.gan.objectives.NonSaturatingLoss} (from model/objective/loss)
+    regularizers: dict[str, Any] = field(default_factory=dict)
+    order: list[str] = field(default_factory=lambda: ["D", "G"])
+
+
+@dataclass
+class GANModelConfig:
+    """`model/_gan_schema`: a GAN with any G/D (`{_target_: ..., kwargs}`, instantiated by the module). A fork's own
+    networks use this schema as they are; the shipped networks have typed configs (DCGANModelConfig,
+    StyleGAN2ModelConfig below), and a fork gets the same by a subclass narrowing `generator`/`discriminator`."""
+
+    _target_: str = "pixelsmith.gan.module.GANModule"
+    name: str = MISSING
+    generator: Any = MISSING  # {_target_: ..., kwargs}; instantiated by the module
+    discriminator: Any = MISSING
+    objective: GANObjectiveConfig = field(default_factory=GANObjectiveConfig)
+    g_optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
+    d_optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
+    ema: EMAConfig = field(default_factory=EMAConfig)
+    sample_grid_size: int = 64
+
+
+@dataclass
+class DCGANGeneratorConfig:
+    """pixelsmith.gan.networks.dcgan.DCGANGenerator's arguments."""
+
+    _target_: str = "pixelsmith.gan.networks.dcgan.DCGANGenerator"
+    resolution: int = 32
+    channels: int = 1
+    z_dim: int = 100
+    ngf: int = 64
+    norm: str = choice(DCGANNorm, "batch")
+
+
+@dataclass
+class DCGANDiscriminatorConfig:
+    """pixelsmith.gan.networks.dcgan.DCGANDiscriminator's arguments."""
+
+    _target_: str = "pixelsmith.gan.networks.dcgan.DCGANDiscriminator"
+    resolution: int = 32
+    channels: int = 1
+    ndf: int = 64
+    norm: str = choice(DCGANNorm, "batch")  # none makes accumulation exactly equal to a bigger batch
+
+
+@dataclass
+class StyleGAN2GeneratorConfig:
+    """pixelsmith.gan.networks.stylegan2.StyleGAN2Generator's arguments."""
+
+    _target_: str = "pixelsmith.gan.networks.stylegan2.StyleGAN2Generator"
+    resolution: int = 32
+    channels: int = 1
+    z_dim: int = 128
+    w_dim: int = 128
+    mapping_layers: int = 4
+    channel_base: int = 4096
+    channel_max: int = 256
+    mapping_lr_multiplier: float = 0.01
+    use_noise: bool = True
+    gradient_checkpointing: bool = False
+
+
+@dataclass
+class StyleGAN2DiscriminatorConfig:
+    """pixelsmith.gan.networks.stylegan2.StyleGAN2Discriminator's arguments."""
+
+    _target_: str = "pixelsmith.gan.networks.stylegan2.StyleGAN2Discriminator"
+    resolution: int = 32
+    channels: int = 1
+    channel_base: int = 4096
+    channel_max: int = 256
+    mbstd_group_size: int = 4
+    gradient_checkpointing: bool = False
+
+
+@dataclass
+class DCGANModelConfig(GANModelConfig):
+    """`model=dcgan` (`model/_dcgan_schema`): GANModelConfig with DCGAN's G and D typed."""
+
+    generator: DCGANGeneratorConfig = field(default_factory=DCGANGeneratorConfig)
+    discriminator: DCGANDiscriminatorConfig = field(default_factory=DCGANDiscriminatorConfig)
+
+
+@dataclass
+class StyleGAN2ModelConfig(GANModelConfig):
+    """`model=stylegan2` (`model/_stylegan2_schema`): GANModelConfig with StyleGAN2's G and D typed."""
+
+    generator: StyleGAN2GeneratorConfig = field(default_factory=StyleGAN2GeneratorConfig)
+    discriminator: StyleGAN2DiscriminatorConfig = field(default_factory=StyleGAN2DiscriminatorConfig)

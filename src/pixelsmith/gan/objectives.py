@@ -1,0 +1,344 @@
+"""GAN objectives as phase tables: what a GAN iteration computes, apart from how the loop runs it.
+
+An objective declares its phases (StyleGAN2-ADA's vocabulary: `Gmain`, `Greg`, `Dmain`, `Dreg`), each with the
+network it trains and the interval it runs at, and computes each phase's loss for one micro-batch. The loop that
+runs them (`GANModule.train_iteration`, and the benchmark's plain loop, which reuses the same objective so the two
+cannot drift) owns everything else once: freezing the other network, micro-batches, the optimizer step at the end
+of each phase, lazy-regularisation gain, eager networks for double backward, timing.
+
+Built from parts chosen by `_target_` in `model.objective`:
+- an adversarial loss: `NonSaturatingLoss` (StyleGAN2) or `HingeLoss` (SAGAN/BigGAN);
+- regularisers, each a phase of its own: `R1Penalty` (Dreg) and `PathLengthPenalty` (Greg), lazily every
+  `interval` iterations with the loss multiplied by the interval, as StyleGAN2 does.
+
+A conditional GAN is a subclass that overrides `sample_inputs` (to carry labels from the batch) and the main
+losses (to pass them to G and D); nothing in the module changes. See README "How to add your own GAN".
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from contextlib import AbstractContextManager
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from pixelsmith.errors import PixelsmithError
+
+NETWORKS = ("G", "D")
+
+
+@dataclass(frozen=True)
+class Phase:
+    """One row of the phase table: `name` trains `network` ("G" or "D") every `interval` iterations; its optimizer
+    steps once at the end of the phase. `interval > 1` is lazy regularisation: the loop multiplies the loss by the
+    interval. `double_backward` phases differentiate through a gradient (R1, path length): the network runs eagerly
+    there (a compiled backward is not differentiable) and stays gathered under FSDP."""
+
+    name: str
+    network: str
+    interval: int = 1
+    double_backward: bool = False
+
+    def runs_at(self, iteration: int) -> bool:
+        return iteration % self.interval == 0
+
+
+@dataclass
+class PhaseLoss:
+    """A phase's loss for one micro-batch (already weighted) and the values to log (means over micro-batches)."""
+
+    loss: Tensor
+    logs: dict[str, Tensor] = field(default_factory=dict)
+
+
+@dataclass
+class GANBatch:
+    """One iteration's data on the device: real images in [-1, 1], and labels when the loader yields them (a batch's
+    third element: `(images, skipped_flags, labels)`), for conditional objectives."""
+
+    reals: Tensor
+    labels: Tensor | None = None
+
+
+class GANStep(Protocol):
+    """What a loop gives an objective while a phase runs (GANModule, and the plain benchmark loop)."""
+
+    G: nn.Module
+    D: nn.Module
+    device: torch.device
+
+    def G_forward(self, z: Tensor, *conditions: Tensor, grad: bool = True) -> Tensor:
+        """G(z, *conditions) under autocast (timed as G_fwd); without autograd when `grad` is False."""
+
+    def D_forward(self, images: Tensor, *conditions: Tensor, reals: bool = False) -> Tensor:
+        """D(augment(images), *conditions) under autocast (timed as D_fwd); `reals` feeds ADA's heuristic."""
+
+    def autocast(self) -> AbstractContextManager: ...
+
+    def loss_scale(self) -> Tensor:
+        """The fp16 GradScaler's scale as a device tensor (1 otherwise), for gradients taken inside a loss."""
+
+    def mean_over_ranks(self, tensor: Tensor) -> Tensor:
+        """The tensor averaged over data-parallel ranks (itself on one process)."""
+
+
+# ---- adversarial losses ----------------------------------------------------------------------------------------
+class AdversarialLoss:
+    """The main D and G losses from D's logits, computed in float32 whatever the autocast dtype."""
+
+    def discriminator(self, real_logits: Tensor, fake_logits: Tensor) -> Tensor:
+        raise NotImplementedError
+
+    def generator(self, fake_logits: Tensor) -> Tensor:
+        raise NotImplementedError
+
+
+class NonSaturatingLoss(AdversarialLoss):
+    """Goodfellow et al. 2014's non-saturating loss (StyleGAN2's): softplus(-D(x)) + softplus(D(G(z)))."""
+
+    def discriminator(self, real_logits: Tensor, fake_logits: Tensor) -> Tensor:
+        return F.softplus(-real_logits.float()).mean() + F.softplus(fake_logits.float()).mean()
+
+    def generator(self, fake_logits: Tensor) -> Tensor:
+        return F.softplus(-fake_logits.float()).mean()
+
+
+class HingeLoss(AdversarialLoss):
+    """The hinge loss of SAGAN/BigGAN: relu(1 - D(x)) + relu(1 + D(G(z))) for D, -D(G(z)) for G."""
+
+    def discriminator(self, real_logits: Tensor, fake_logits: Tensor) -> Tensor:
+        return F.relu(1.0 - real_logits.float()).mean() + F.relu(1.0 + fake_logits.float()).mean()
+
+    def generator(self, fake_logits: Tensor) -> Tensor:
+        return -fake_logits.float().mean()
+
+
+# ---- regularisers ------------------------------------------------------------------------------------------------
+def r1_penalty(real_logits: Tensor, real_images: Tensor, loss_scale: float | Tensor = 1.0) -> Tensor:
+    """Mean over the batch of ||dD(x)/dx||^2 at real images (Mescheder et al. 2018), differentiable w.r.t. D.
+
+    Under fp16 the logits are multiplied by the GradScaler's scale before autograd.grad so small gradients do not
+    flush to zero, and the gradients are divided by it again here.
+    """
+    (grads,) = torch.autograd.grad(real_logits.float().sum() * loss_scale, real_images, create_graph=True)
+    grads = grads.float() / loss_scale
+    return grads.square().sum(dim=[1, 2, 3]).mean()
+
+
+class Regularizer(nn.Module):
+    """A lazily applied regulariser: a phase of its own (`phase_name`) on `network`, every `interval` iterations.
+    An nn.Module so state such as the path-length mean is saved in checkpoints with the model."""
+
+    phase_name = ""
+    network = ""
+    inputs: tuple[str, ...] = ()  # what `sample_inputs` provides for its phase: "real" and/or "z"
+
+    def __init__(self, interval: int):
+        super().__init__()
+        if int(interval) < 1:
+            raise PixelsmithError(f"{type(self).__name__}: interval={interval} must be at least 1.")
+        self.interval = int(interval)
+
+    @property
+    def enabled(self) -> bool:
+        return True
+
+    def loss(self, step: GANStep, inputs: Mapping[str, Tensor]) -> PhaseLoss:
+        raise NotImplementedError
+
+
+class R1Penalty(Regularizer):
+    """R1 (Mescheder et al. 2018) on D at real images, as augmented for D: gamma / 2 * ||dD(x)/dx||^2 (StyleGAN2-ADA's
+    Dreg). gamma = 0 turns the phase off; StyleGAN2-ADA's heuristic is gamma ~ 0.0002 * resolution^2 / batch."""
+
+    phase_name = "Dreg"
+    network = "D"
+    inputs = ("real",)
+
+    def __init__(self, gamma: float = 10.0, interval: int = 16):
+        super().__init__(interval)
+        if float(gamma) < 0:
+            raise PixelsmithError(f"R1Penalty: gamma={gamma} must be >= 0 (0 turns R1 off).")
+        self.gamma = float(gamma)
+
+    @property
+    def enabled(self) -> bool:
+        return self.gamma > 0
+
+    def loss(self, step: GANStep, inputs: Mapping[str, Tensor]) -> PhaseLoss:
+        real = inputs["real"].detach().requires_grad_(True)
+        logits = step.D_forward(real)
+        penalty = r1_penalty(logits, real, step.loss_scale())
+        return PhaseLoss(penalty * (self.gamma / 2), {"loss/r1": penalty.detach()})
+
+
+class PathLengthPenalty(Regularizer):
+    """StyleGAN2's path-length regularisation (Karras et al. 2020, sec. 3.2) on G (Greg): the Jacobian of the image
+    w.r.t. w, probed with random image-space directions, is pushed towards a constant length `pl_mean` (a running
+    mean, averaged over ranks so every rank regularises towards the same value). Needs a generator with
+    `mapping(z)` and `synthesis(w)` (the StyleGAN2 one). `batch_shrink` runs it on a fraction of the batch."""
+
+    phase_name = "Greg"
+    network = "G"
+    inputs = ("z",)
+
+    def __init__(self, weight: float = 2.0, interval: int = 4, decay: float = 0.01, batch_shrink: int = 2):
+        super().__init__(interval)
+        if float(weight) < 0 or not 0 < float(decay) <= 1 or int(batch_shrink) < 1:
+            raise PixelsmithError(
+                f"PathLengthPenalty: weight={weight} must be >= 0, decay={decay} in (0, 1] and "
+                f"batch_shrink={batch_shrink} at least 1."
+            )
+        self.weight = float(weight)
+        self.decay = float(decay)
+        self.batch_shrink = int(batch_shrink)
+        self.register_buffer("pl_mean", torch.zeros(()))
+
+    @property
+    def enabled(self) -> bool:
+        return self.weight > 0
+
+    def loss(self, step: GANStep, inputs: Mapping[str, Tensor]) -> PhaseLoss:
+        G = step.G
+        if not (hasattr(G, "mapping") and hasattr(G, "synthesis")):
+            raise PixelsmithError(
+                f"PathLengthPenalty needs a generator with mapping(z) and synthesis(w); {type(G).__name__} has "
+                "none. Use model=stylegan2, or drop model.objective.regularizers.path_length."
+            )
+        z = inputs["z"]
+        z = z[: max(1, z.shape[0] // self.batch_shrink)]
+        with step.autocast():
+            w = G.mapping(z)
+            images = G.synthesis(w)
+        noise = torch.randn_like(images, dtype=torch.float32) / math.sqrt(images.shape[2] * images.shape[3])
+        scale = step.loss_scale()
+        (grads,) = torch.autograd.grad((images.float() * noise).sum() * scale, w, create_graph=True)
+        squared = (grads.float() / scale).square().sum(dim=-1)
+        if squared.ndim > 1:  # per-layer ws [N, layers, w_dim]: StyleGAN2 averages over the layers
+            squared = squared.mean(dim=1)
+        lengths = squared.sqrt()
+        batch_mean = step.mean_over_ranks(lengths.detach().mean())
+        with torch.no_grad():
+            self.pl_mean.copy_(self.pl_mean.lerp(batch_mean.to(self.pl_mean.dtype), self.decay))
+        penalty = (lengths - self.pl_mean).square().mean()
+        loss = penalty * self.weight
+        return PhaseLoss(loss, {"loss/pl": penalty.detach(), "pl/mean": self.pl_mean.detach().clone()})
+
+
+# ---- the objective ----------------------------------------------------------------------------------------------
+class GANObjective(nn.Module):
+    """An adversarial loss plus named regularisers, laid out as a phase table.
+
+    `order` lists the networks' main phases in the order they run; each network's regularisers follow its main
+    phase. `order=("D", "G")` (the default) gives Dmain, Dreg, Gmain, Greg: D first, DCGAN's habit and this
+    template's behaviour since its first release. `order=("G", "D")` gives StyleGAN2-ADA's Gmain, Greg, Dmain, Dreg.
+    """
+
+    def __init__(
+        self,
+        loss: AdversarialLoss | None = None,
+        regularizers: Mapping[str, Regularizer | None] | None = None,
+        order: Sequence[str] = ("D", "G"),
+    ):
+        super().__init__()
+        self.adversarial = loss if loss is not None else NonSaturatingLoss()
+        if not isinstance(self.adversarial, AdversarialLoss):
+            raise PixelsmithError(
+                f"model.objective.loss is a {type(self.adversarial).__name__}, not an AdversarialLoss: give it "
+                "`_target_: pixelsmith.gan.objectives.NonSaturatingLoss` (or HingeLoss, or a subclass of your own)."
+            )
+        if sorted(order) != sorted(NETWORKS):
+            raise PixelsmithError(
+                f"model.objective.order={list(order)} must name G and D once each, e.g. [D, G]."
+            )
+        self.order = tuple(order)
+        regs = {name: reg for name, reg in (regularizers or {}).items() if reg is not None}
+        for name, reg in regs.items():
+            if not isinstance(reg, Regularizer) or reg.network not in NETWORKS:
+                raise PixelsmithError(
+                    f"model.objective.regularizers.{name} is not a Regularizer on G or D; give it a `_target_` "
+                    "such as pixelsmith.gan.objectives.R1Penalty or PathLengthPenalty."
+                )
+        self.regularizers = nn.ModuleDict(regs)
+        self._check_unique_phase_names()
+
+    def _check_unique_phase_names(self) -> None:
+        names = [p.name for p in self.phases()]
+        if len(names) != len(set(names)):
+            raise PixelsmithError(
+                f"model.objective: phase names {names} repeat; two regularisers of one network need distinct "
+                "`phase_name`s (a subclass attribute)."
+            )
+
+    def _active(self, network: str) -> list[Regularizer]:
+        return [reg for reg in self.regularizers.values() if reg.network == network and reg.enabled]
+
+    def phases(self) -> list[Phase]:
+        """The phase table, in run order."""
+        table = []
+        for network in self.order:
+            table.append(Phase(f"{network}main", network))
+            table += [
+                Phase(reg.phase_name, network, reg.interval, double_backward=True)
+                for reg in self._active(network)
+            ]
+        return table
+
+    def phases_at(self, iteration: int) -> list[Phase]:
+        return [phase for phase in self.phases() if phase.runs_at(iteration)]
+
+    def lazy_ratio(self, network: str) -> float:
+        """Lazy regularisation steps `network`'s optimizer (interval + 1) times per `interval` iterations; StyleGAN2
+        scales its lr by, and raises its Adam betas to, interval / (interval + 1) so the dynamics match a non-lazy
+        run. 1 when no lazy regulariser trains it."""
+        ratio = 1.0
+        for reg in self._active(network):
+            if reg.interval > 1:
+                ratio *= reg.interval / (reg.interval + 1)
+        return ratio
+
+    def regularizer_of(self, phase: Phase) -> Regularizer | None:
+        return next((r for r in self._active(phase.network) if r.phase_name == phase.name), None)
+
+    # ---- what each phase needs and computes --------------------------------------------------------------------
+    def sample_inputs(self, phase: Phase, batch: GANBatch, z_dim: int) -> dict[str, Tensor]:
+        """The phase's whole-batch inputs (each split into micro-batches by the loop). Latents are drawn here, once
+        per phase, from the iteration's seeded generator. A conditional objective adds its labels here."""
+        reals = batch.reals
+        wants = ("real", "z") if phase.name == "Dmain" else ("z",) if phase.name == "Gmain" else ()
+        reg = self.regularizer_of(phase)
+        if reg is not None:
+            wants = reg.inputs
+        inputs: dict[str, Tensor] = {}
+        if "real" in wants:
+            inputs["real"] = reals
+        if "z" in wants:
+            inputs["z"] = torch.randn(reals.shape[0], z_dim, device=reals.device)
+        return inputs
+
+    def loss(self, phase: Phase, step: GANStep, inputs: Mapping[str, Tensor]) -> PhaseLoss:
+        if phase.name == "Dmain":
+            fake = step.G_forward(inputs["z"], grad=False)
+            real_logits = step.D_forward(inputs["real"], reals=True)
+            fake_logits = step.D_forward(fake)
+            loss = self.adversarial.discriminator(real_logits, fake_logits)
+            return PhaseLoss(
+                loss,
+                {
+                    "loss/D": loss.detach(),
+                    "logits/real": real_logits.detach().float().mean(),
+                    "logits/fake": fake_logits.detach().float().mean(),
+                },
+            )
+        if phase.name == "Gmain":
+            loss = self.adversarial.generator(step.D_forward(step.G_forward(inputs["z"])))
+            return PhaseLoss(loss, {"loss/G": loss.detach()})
+        reg = self.regularizer_of(phase)
+        if reg is None:
+            raise PixelsmithError(f"{type(self).__name__} has no phase {phase.name!r}.")
+        return reg.loss(step, inputs)

@@ -1,0 +1,226 @@
+"""The training package's import structure, read from the source with `ast` (nothing is imported): no import circle
+between its parts, every import goes down the declared layers, and nothing under src/ imports the benchmarks.
+
+A "part" is a sub-package (`pixelsmith.core`, `pixelsmith.gan`, ...) or a top-level module (`pixelsmith.train`,
+`pixelsmith.errors`, ...). Every `import` counts, at module level, inside functions and under `TYPE_CHECKING`
+alike: a deferred import is still a dependency, it only moves the failure to run time.
+
+Adding a part: put it in `LAYERS`. An import that breaks a rule is fixed by moving the shared piece down to where it
+belongs, not by hiding the import in a function.
+"""
+
+from __future__ import annotations
+
+import ast
+from collections import defaultdict
+from pathlib import Path
+
+SRC = Path(__file__).resolve().parents[1] / "src"
+PACKAGE = "pixelsmith"
+
+# Bottom to top. A part may import parts of lower layers only (never its own layer's, never a higher one's).
+LAYERS: list[tuple[str, ...]] = [
+    # no Pixelsmith import at all (choices: the schemas' choice fields)
+    ("errors", "hashing", "launch", "choices"),
+    ("paths",),  # where the config tree and data live
+    ("core",),  # the training core (loop bookkeeping, optimizers, precision, strategies) and its schemas
+    ("hardware_config",),  # the hardware/precision/strategy schemas
+    ("hardware",),  # profiles -> the one runtime plan
+    ("builders",),  # plan, core settings, datamodule and model from the composed config
+    ("augment", "data", "perf"),  # augmentation, data modules, the performance hooks training uses
+    ("gan", "style"),  # the models
+    ("metrics",),  # evaluation: reads the data, reuses the style loss's Gram matrix
+    ("callbacks", "loggers", "report", "run_dir", "optuna_report"),
+    ("config",),  # the root schema: registers every part's schema (each beside its code), validates ranges
+    ("train", "sweep_summary"),  # builds and fits a run
+    ("evaluate", "entry"),
+    ("cli", PACKAGE),  # installed entry points; the package's own __init__
+]
+
+# Edges that break the layering, each with the change that removes it (none today: keep it that way). An entry whose
+# import is gone fails `test_allow_list_has_no_stale_entries`: delete it then.
+ALLOWED: dict[tuple[str, str, str], str] = {}
+
+
+def _modules() -> dict[str, Path]:
+    modules = {}
+    for path in sorted((SRC / PACKAGE).rglob("*.py")):
+        parts = list(path.relative_to(SRC).with_suffix("").parts)
+        if parts[-1] == "__init__":
+            parts = parts[:-1]
+        modules[".".join(parts)] = path
+    return modules
+
+
+def _part(module: str) -> str:
+    names = module.split(".")
+    return names[1] if len(names) > 1 else PACKAGE
+
+
+def _imports(module: str, path: Path, modules: dict[str, Path]) -> list[tuple[str, int]]:
+    """(imported module, line) for every import statement in the file, wherever it sits."""
+    found = []
+    package = module.split(".") if path.name == "__init__.py" else module.split(".")[:-1]
+    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+        if isinstance(node, ast.Import):
+            found += [(alias.name, node.lineno) for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package[: len(package) - node.level + 1]
+                source = ".".join([*base, *([node.module] if node.module else [])])
+            else:
+                source = node.module or ""
+            for alias in node.names:
+                submodule = f"{source}.{alias.name}"
+                found.append((submodule if submodule in modules else source, node.lineno))
+    return found
+
+
+def _edges() -> tuple[dict[tuple[str, str], list[str]], list[str]]:
+    """{(importer part, imported part): ["file:line", ...]} within the package, and imports of `benchmarks`."""
+    modules = _modules()
+    edges: dict[tuple[str, str], list[str]] = defaultdict(list)
+    benchmarks = []
+    for module, path in modules.items():
+        where = path.relative_to(SRC).as_posix()
+        for target, line in _imports(module, path, modules):
+            top = target.split(".")[0]
+            if top == "benchmarks":
+                benchmarks.append(f"{where}:{line} imports {target}")
+            elif top == PACKAGE and _part(target) != _part(module):
+                places = edges[(_part(module), _part(target))]
+                if f"{where}:{line}" not in places:
+                    places.append(f"{where}:{line}")
+    return edges, benchmarks
+
+
+def _checked_edges() -> dict[tuple[str, str], list[str]]:
+    """The edges minus the allow-listed imports (an edge whose every import is allowed disappears)."""
+    edges, _ = _edges()
+    checked = {}
+    for (a, b), places in edges.items():
+        rest = [p for p in places if (a, b, p.split(":")[0]) not in ALLOWED]
+        if rest:
+            checked[(a, b)] = rest
+    return checked
+
+
+def _graph_text(edges: dict[tuple[str, str], list[str]]) -> str:
+    targets: dict[str, set[str]] = defaultdict(set)
+    for a, b in edges:
+        targets[a].add(b)
+    return "\n".join(f"{a} -> {', '.join(sorted(targets[a]))}" for a in sorted(targets))
+
+
+def _cycles(edges: dict[tuple[str, str], list[str]]) -> list[list[str]]:
+    """The strongly connected components with more than one part (Tarjan)."""
+    graph: dict[str, set[str]] = defaultdict(set)
+    for a, b in edges:
+        graph[a].add(b)
+        graph[b]
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    components = []
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        on_stack.add(node)
+        for nxt in sorted(graph[node]):
+            if nxt not in index:
+                visit(nxt)
+                low[node] = min(low[node], low[nxt])
+            elif nxt in on_stack:
+                low[node] = min(low[node], index[nxt])
+        if low[node] == index[node]:
+            component = []
+            while True:
+                item = stack.pop()
+                on_stack.discard(item)
+                component.append(item)
+                if item == node:
+                    break
+            if len(component) > 1:
+                components.append(sorted(component))
+
+    for node in sorted(graph):
+        if node not in index:
+            visit(node)
+    return components
+
+
+def test_every_part_of_the_package_has_a_layer():
+    layered = [part for layer in LAYERS for part in layer]
+    assert len(layered) == len(set(layered)), "a part is listed in two layers"
+    parts = {_part(module) for module in _modules()}
+    missing = sorted(parts - set(layered))
+    assert not missing, (
+        f"not in LAYERS of tests/test_architecture.py (add each to the layer it belongs): {missing}"
+    )
+
+
+def test_no_import_circle_between_the_parts_of_the_package():
+    edges = _checked_edges()
+    circles = _cycles(edges)
+    lines = []
+    for component in circles:
+        lines.append(" <-> ".join(component) + ":")
+        lines += [
+            f"  {a} -> {b}: {', '.join(places)}"
+            for (a, b), places in sorted(edges.items())
+            if a in component and b in component
+        ]
+    assert not circles, "import circles:\n" + "\n".join(lines) + "\n\nthe graph:\n" + _graph_text(edges)
+
+
+def test_imports_go_down_the_declared_layers():
+    layer_of = {part: depth for depth, layer in enumerate(LAYERS) for part in layer}
+    wrong = [
+        f"{a} (layer {layer_of[a]}) -> {b} (layer {layer_of[b]}): {', '.join(places)}"
+        for (a, b), places in sorted(_checked_edges().items())
+        if a in layer_of and b in layer_of and layer_of[b] >= layer_of[a]
+    ]
+    assert not wrong, (
+        "imports that do not go down the layers (LAYERS in tests/test_architecture.py):\n" + "\n".join(wrong)
+    )
+
+
+def test_the_rules_the_layers_stand_for():
+    """The same rules spelled out, so a change of LAYERS cannot quietly drop them."""
+    forbidden = {
+        "core": {"perf", "train", "gan", "style", "callbacks", "data", "metrics"},
+        "data": {"metrics"},
+        "style": {"metrics"},
+        "errors": {part for layer in LAYERS for part in layer} - {"errors"},
+        # the schemas' choice fields and the part schemas import no training code
+        "choices": {part for layer in LAYERS for part in layer} - {"choices"},
+        "hardware_config": {part for layer in LAYERS for part in layer} - {"choices", "core"},
+        # the root schema composes the parts' schemas; it reaches no model, loop or entry code
+        "config": {"train", "evaluate", "entry", "cli", "builders", "callbacks"},
+    }
+    broken = [
+        f"{a} -> {b}: {', '.join(places)}"
+        for (a, b), places in sorted(_checked_edges().items())
+        if b in forbidden.get(a, ())
+    ]
+    assert not broken, "forbidden imports:\n" + "\n".join(broken)
+
+
+def test_nothing_in_the_package_imports_the_benchmarks():
+    _, benchmarks = _edges()
+    assert not benchmarks, (
+        "the training package must not import benchmarks/ (not in the wheel):\n" + "\n".join(benchmarks)
+    )
+
+
+def test_allow_list_has_no_stale_entries():
+    edges, _ = _edges()
+    present = {(a, b, place.split(":")[0]) for (a, b), places in edges.items() for place in places}
+    stale = sorted(key for key in ALLOWED if key not in present)
+    assert not stale, f"allow-listed imports that no longer exist (delete them from ALLOWED): {stale}"
+
+
+if __name__ == "__main__":  # print the graph: python tests/test_architecture.py
+    print(_graph_text(_edges()[0]))
