@@ -12,13 +12,14 @@ import hydra
 from omegaconf import DictConfig
 
 from pixelsmith.config.schema import register_configs
-from pixelsmith.entry import guarded_run
+from pixelsmith.entry import guarded_run, refuse_renamed_overrides
 from pixelsmith.hardware import register_detected_profile
 from pixelsmith.paths import register_resolvers
 
 register_configs()
 register_resolvers()  # ${pixelsmith.data_dir:} in conf/paths/default.yaml
 register_detected_profile()  # hardware=auto composes this machine's profile (conf/hardware/auto.yaml)
+refuse_renamed_overrides(sys.argv[1:])  # model.loss=..., model.r1_gamma=...: say where they went
 log = logging.getLogger("pixelsmith")
 
 

@@ -90,7 +90,7 @@ def run_cli(args: list[str], cwd: Path = REPO_ROOT, timeout: int = 600, env_extr
 
 # The fast default: `pytest` runs what checks behaviour in-process (about 2 minutes on 2 cores); `pytest --all` adds
 # the slow tests (subprocesses, several processes, sweeps) and the benchmark tooling's tests, as CI does. An explicit
-# `-m` expression (`pytest -m gpu`, `-m bench`) is honoured as given.
+# `-m` expression (`pytest -m gpu`, `-m bench`) is honoured as given, and a test named by its id runs whatever its marks.
 FAST_SELECTION = "not slow and not bench"
 
 
@@ -104,7 +104,9 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    if not config.getoption("--all") and not config.option.markexpr:
+    # A test named on the command line (`pytest tests/test_fsdp.py::test_x`) runs whatever its marks.
+    named = any("::" in str(arg) for arg in config.args)
+    if not config.getoption("--all") and not config.option.markexpr and not named:
         config.option.markexpr = FAST_SELECTION
 
 

@@ -14,6 +14,7 @@ CPU convolution kernels (that alone moves weights by 2 x lr after one step).
 from __future__ import annotations
 
 import json
+import math
 import random
 from concurrent.futures import ThreadPoolExecutor
 
@@ -180,13 +181,16 @@ def test_plain_optimizer_state_of_another_model_is_refused():
 
 
 def test_fsdp_shards_every_gan_network_including_stylegan2(make_cfg, tmp_path, monkeypatch):
-    """FSDP2 refuses 0-d parameters (StyleGAN2's noise strengths were scalars); one process shards all the same."""
+    """FSDP2 refuses 0-d parameters (StyleGAN2's noise strengths were scalars); one process shards all the same.
+    Both regularisers run every iteration: R1 through D and path length through G (its forward gathers G)."""
     from pixelsmith.train import run
 
     cfg = make_cfg(
         "strategy=fsdp",
         "max_steps=2",
         "model.objective.regularizers.r1.interval=1",
+        "model.objective.regularizers.path_length.weight=2.0",
+        "model.objective.regularizers.path_length.interval=1",
         "hardware.channels_last=false",
         model="stylegan2",
     )
@@ -199,6 +203,7 @@ def test_fsdp_shards_every_gan_network_including_stylegan2(make_cfg, tmp_path, m
         if torch.distributed.is_initialized():  # the one-process group would keep its port for later tests
             torch.distributed.destroy_process_group()
     assert metrics["iteration"] == 2 and metrics["loss/r1"] > 0
+    assert math.isfinite(metrics["loss/pl"]) and metrics["pl/mean"] > 0
     state = torch.load(tmp_path / "run" / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=True)
     strengths = [v for k, v in state["state_dict"].items() if k.endswith("noise_strength")]
     assert strengths and all(v.shape == (1,) for v in strengths)

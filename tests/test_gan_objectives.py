@@ -74,9 +74,11 @@ def test_the_phase_table_follows_the_regularisers_and_the_order():
     # A disabled regulariser (gamma 0) is no phase, and changes no optimizer's hyper-parameters.
     off = GANObjective(NonSaturatingLoss(), {"r1": R1Penalty(gamma=0.0, interval=16)})
     assert _names(off.phases()) == ["Dmain", "Gmain"] and off.lazy_ratio("D") == 1.0
-    assert objective.lazy_ratio("D") == pytest.approx(16 / 17) and objective.lazy_ratio("G") == pytest.approx(
-        4 / 5
-    )
+    assert objective.lazy_ratio("D") == pytest.approx(16 / 17)
+    assert objective.lazy_ratio("G") == pytest.approx(4 / 5)
+    # R1 every iteration is still a second D step per iteration: StyleGAN2-ADA's ratio 1/2 (lr halved).
+    every = GANObjective(NonSaturatingLoss(), {"r1": R1Penalty(gamma=1.0, interval=1)})
+    assert _names(every.phases_at(1)) == ["Dmain", "Dreg", "Gmain"] and every.lazy_ratio("D") == 0.5
 
 
 @pytest.mark.parametrize(
@@ -186,7 +188,7 @@ def test_path_length_on_a_generator_without_mapping_names_the_fix(make_cfg):
         "max_steps=2",
         "+model.objective.regularizers.pl._target_=pixelsmith.gan.objectives.PathLengthPenalty",
     )
-    with pytest.raises(PixelsmithError, match="mapping\\(z\\) and synthesis\\(w\\).*model=stylegan2"):
+    with pytest.raises(PixelsmithError, match="return_ws=True.*model=stylegan2"):
         run(cfg)
 
 
@@ -233,8 +235,7 @@ class ConditionalGenerator(nn.Module):
         self.embed = nn.Embedding(num_classes, 8)
         self.net = nn.Sequential(nn.Linear(16, 64), nn.LeakyReLU(0.2), nn.Linear(64, 64), nn.Tanh())
 
-    def forward(self, z, c=None):
-        c = torch.zeros(z.shape[0], dtype=torch.long, device=z.device) if c is None else c
+    def forward(self, z, c):
         return self.net(torch.cat([z, self.embed(c)], dim=1)).view(-1, 1, 8, 8)
 
 
@@ -260,6 +261,9 @@ class ConditionalObjective(GANObjective):
     def __init__(self, num_classes: int, **kwargs):
         super().__init__(**kwargs)
         self.num_classes = num_classes
+
+    def sample_conditions(self, count, device):
+        return (torch.arange(count, device=device) % self.num_classes,)  # sample grids: every class in turn
 
     def sample_inputs(self, phase, batch, z_dim):
         inputs = super().sample_inputs(phase, batch, z_dim)
@@ -321,6 +325,10 @@ def test_a_conditional_gan_is_a_new_objective_plus_labelled_data():
     # The data's class means are -0.69, -0.06 and 0.57; a generator that ignored its label would give one mean.
     assert means[0] < means[1] < means[2], means
     assert means[2] - means[0] > 0.8 and means[0] < -0.3 and means[2] > 0.3, means
+    # Sample grids and FID evaluation sample through the objective's conditions: classes 0, 1, 2, 0, ...
+    grid_images = module.generate(torch.randn(6, 8))
+    assert grid_images.shape == (6, 1, 8, 8) and grid_images[2].mean() > grid_images[0].mean()
+    assert module.sample_grid().ndim == 3  # the fixed latents, one class each in turn
 
 
 def test_a_stored_config_from_before_the_objective_builds_the_same_gan(tmp_path):
@@ -340,3 +348,38 @@ def test_a_stored_config_from_before_the_objective_builds_the_same_gan(tmp_path)
         "Dreg",
         "Gmain",
     ]
+
+
+def test_a_checkpoint_without_the_objectives_state_resumes(make_cfg, tmp_path):
+    """A StyleGAN2 checkpoint from before the path-length regulariser existed has no `pl_mean`: the resume starts it
+    afresh instead of failing Lightning's strict load."""
+    first = make_cfg("precision=32-true", "max_steps=2", "train.sample_every_n_steps=0", model="stylegan2")
+    run(first)
+    last = tmp_path / "run" / "checkpoints" / "last.ckpt"
+    state = torch.load(last, map_location="cpu", weights_only=False)
+    del state["state_dict"]["objective.regularizers.path_length.pl_mean"]
+    old = tmp_path / "old.ckpt"
+    torch.save(state, old)
+    resumed = make_cfg(
+        "precision=32-true",
+        "max_steps=3",
+        "train.sample_every_n_steps=0",
+        f"ckpt_path={old}",
+        model="stylegan2",
+        output="resumed",
+    )
+    assert run(resumed)["iteration"] == 3
+
+
+def test_renamed_command_line_keys_are_refused_naming_their_new_spelling(capsys):
+    from pixelsmith.entry import refuse_renamed_overrides
+
+    refuse_renamed_overrides(
+        ["model=stylegan2", "model.objective.regularizers.r1.gamma=1"]
+    )  # the new keys pass
+    with pytest.raises(SystemExit) as stopped:
+        refuse_renamed_overrides(["model.loss=non_saturating,hinge", "+model.r1_interval=4"])
+    message = capsys.readouterr().err
+    assert stopped.value.code == 2
+    assert "model/objective/loss=non_saturating,hinge" in message
+    assert "model.objective.regularizers.r1.interval=4" in message

@@ -10,13 +10,14 @@ import hydra
 from omegaconf import DictConfig
 
 from pixelsmith.config.schema import register_configs
-from pixelsmith.entry import guarded_run
+from pixelsmith.entry import guarded_run, refuse_renamed_overrides
 from pixelsmith.hardware import register_detected_profile
 from pixelsmith.paths import CONF_DIR, register_resolvers
 
 register_configs()
 register_resolvers()
 register_detected_profile()  # hardware=auto composes this machine's profile (conf/hardware/auto.yaml)
+refuse_renamed_overrides(sys.argv[1:])  # model.loss=..., model.r1_gamma=...: say where they went
 
 
 @hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name="train")

@@ -21,7 +21,7 @@ from hydra.utils import instantiate
 from torch import nn
 from torchvision.utils import make_grid
 
-from pixelsmith.core.config import EMAConfig
+from pixelsmith.core.config import EMAConfig, OptimizerConfig
 from pixelsmith.core.module import CoreSettings, IterationResult, OptimizerDefinition, TrainingCore
 from pixelsmith.gan.objectives import GANBatch, GANObjective, Phase, R1Penalty
 
@@ -32,6 +32,12 @@ def _as_dataclass(cls, value):
     if value is None or isinstance(value, cls):
         return value or cls()
     return cls(**dict(value))
+
+
+def _optimizer_node(value: Any) -> Any:
+    if callable(value) or isinstance(value, OptimizerConfig):
+        return value
+    return OptimizerConfig(**dict(value or {}))
 
 
 class GANModule(TrainingCore):
@@ -51,8 +57,9 @@ class GANModule(TrainingCore):
     ):
         super().__init__(core)
         self.model_name = name
-        # Optimizer partials (config nodes or callables, core/optim.py); Adam with its defaults when None.
-        self.g_optimizer, self.d_optimizer = g_optimizer, d_optimizer
+        # Optimizer partials (config nodes or callables, core/optim.py); a None or a partial node (e.g. only `lr`)
+        # takes the schema's defaults (Adam, lr 2e-4, betas 0.5/0.999), as the composed config does.
+        self.g_optimizer, self.d_optimizer = _optimizer_node(g_optimizer), _optimizer_node(d_optimizer)
         ema_cfg = _as_dataclass(EMAConfig, ema)
         self.generator = generator if isinstance(generator, nn.Module) else instantiate(generator)
         self.discriminator = (
@@ -156,16 +163,16 @@ class GANModule(TrainingCore):
         gradients), `accumulate` micro-batches, one optimizer step. Returns the phase's logs (micro-batch means)."""
         trained = self.networks()[phase.network]
         frozen = self.discriminator if phase.network == "G" else self.generator
-        frozen.requires_grad_(False)
-        trained.requires_grad_(True)
-        inputs = self.objective.sample_inputs(phase, batch, self.z_dim)
-        chunks = {key: self.micro_batches(value) for key, value in inputs.items()}
         sums: dict[str, torch.Tensor] = {}
         regularising = phase.double_backward
         # A regularisation phase is one breakdown row (StyleGAN2-ADA's Dreg/Greg: forward, gradient, double backward).
         whole = self.phase(f"{phase.network}_reg") if regularising else nullcontext()
-        self._timing_forwards = not regularising
         try:
+            frozen.requires_grad_(False)
+            trained.requires_grad_(True)
+            inputs = self.objective.sample_inputs(phase, batch, self.z_dim)
+            chunks = {key: self.micro_batches(value) for key, value in inputs.items()}
+            self._timing_forwards = not regularising
             with whole, self.double_backward(trained) if regularising else nullcontext():
                 for micro in range(self.core.accumulate):
                     out = self.objective.loss(
@@ -195,6 +202,16 @@ class GANModule(TrainingCore):
         r1 = next((r for r in self.objective.regularizers.values() if isinstance(r, R1Penalty)), None)
         return r1.interval if r1 is not None else 1
 
+    def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        super().on_load_checkpoint(checkpoint)
+        # A checkpoint from before an objective's state existed (e.g. the path-length mean, added with
+        # model.objective) lacks its keys: they start from their initial values, as in a fresh run.
+        state = checkpoint.get("state_dict", {})
+        for key, value in self.state_dict().items():
+            if key.startswith("objective.") and key not in state:
+                state[key] = value
+                log.info("The checkpoint has no %s (written before it existed): starting it afresh.", key)
+
     def logging_values(self) -> dict[str, float]:
         # ADA's p and r_t live on the device; read them only when the iteration logs.
         if self.augment is None:
@@ -209,8 +226,11 @@ class GANModule(TrainingCore):
         was_training = net.training
         net.eval()
         try:
+            conditions = self.objective.sample_conditions(
+                z.shape[0], self.device
+            )  # labels of a conditional GAN
             with self.autocast():
-                return net(z.to(self.device)).float().clamp(-1, 1)
+                return net(z.to(self.device), *conditions).float().clamp(-1, 1)
         finally:
             net.train(was_training)
 

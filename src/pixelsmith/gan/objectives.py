@@ -17,6 +17,7 @@ losses (to pass them to G and D); nothing in the module changes. See README "How
 
 from __future__ import annotations
 
+import inspect
 import math
 from collections.abc import Mapping, Sequence
 from contextlib import AbstractContextManager
@@ -178,10 +179,15 @@ class R1Penalty(Regularizer):
 
 
 class PathLengthPenalty(Regularizer):
-    """StyleGAN2's path-length regularisation (Karras et al. 2020, sec. 3.2) on G (Greg): the Jacobian of the image
-    w.r.t. w, probed with random image-space directions, is pushed towards a constant length `pl_mean` (a running
-    mean, averaged over ranks so every rank regularises towards the same value). Needs a generator with
-    `mapping(z)` and `synthesis(w)` (the StyleGAN2 one). `batch_shrink` runs it on a fraction of the batch."""
+    """StyleGAN2's path-length regularisation (Karras et al. 2020, sec. 3.2, eq. 4) on G (Greg): the Jacobian of the
+    image w.r.t. w, probed with random image-space directions, is pushed towards a constant length `pl_mean` (a
+    running mean, averaged over ranks so every rank regularises towards the same value). `batch_shrink` runs it on
+    a fraction of the batch. Needs a generator whose forward takes `return_ws=True` and returns (images, w) (the
+    StyleGAN2 one); it runs through that forward so FSDP gathers and reduces G as in every other phase.
+
+    The gradient is taken w.r.t. the one w every synthesis layer of this template's generator shares (the paper's
+    eq. 4), not w.r.t. per-layer copies of it as the official code does (whose lengths average over the layers): the
+    lengths here are larger, so StyleGAN2's weight of 2.0 is not directly comparable; tune `weight` for your model."""
 
     phase_name = "Greg"
     network = "G"
@@ -205,29 +211,30 @@ class PathLengthPenalty(Regularizer):
 
     def loss(self, step: GANStep, inputs: Mapping[str, Tensor]) -> PhaseLoss:
         G = step.G
-        if not (hasattr(G, "mapping") and hasattr(G, "synthesis")):
+        if "return_ws" not in inspect.signature(G.forward).parameters:
             raise PixelsmithError(
-                f"PathLengthPenalty needs a generator with mapping(z) and synthesis(w); {type(G).__name__} has "
-                "none. Use model=stylegan2, or drop model.objective.regularizers.path_length."
+                f"PathLengthPenalty needs a generator whose forward takes return_ws=True and returns (images, w); "
+                f"{type(G).__name__}'s does not. Use model=stylegan2, or set "
+                "model.objective.regularizers.path_length.weight=0."
             )
         z = inputs["z"]
         z = z[: max(1, z.shape[0] // self.batch_shrink)]
         with step.autocast():
-            w = G.mapping(z)
-            images = G.synthesis(w)
+            images, w = G(z, return_ws=True)
         noise = torch.randn_like(images, dtype=torch.float32) / math.sqrt(images.shape[2] * images.shape[3])
         scale = step.loss_scale()
         (grads,) = torch.autograd.grad((images.float() * noise).sum() * scale, w, create_graph=True)
         squared = (grads.float() / scale).square().sum(dim=-1)
-        if squared.ndim > 1:  # per-layer ws [N, layers, w_dim]: StyleGAN2 averages over the layers
+        if squared.ndim > 1:  # per-layer ws [N, layers, w_dim]: StyleGAN2's code averages over the layers
             squared = squared.mean(dim=1)
         lengths = squared.sqrt()
         batch_mean = step.mean_over_ranks(lengths.detach().mean())
         with torch.no_grad():
             self.pl_mean.copy_(self.pl_mean.lerp(batch_mean.to(self.pl_mean.dtype), self.decay))
         penalty = (lengths - self.pl_mean).square().mean()
-        loss = penalty * self.weight
-        return PhaseLoss(loss, {"loss/pl": penalty.detach(), "pl/mean": self.pl_mean.detach().clone()})
+        return PhaseLoss(
+            penalty * self.weight, {"loss/pl": penalty.detach(), "pl/mean": self.pl_mean.detach().clone()}
+        )
 
 
 # ---- the objective ----------------------------------------------------------------------------------------------
@@ -293,13 +300,12 @@ class GANObjective(nn.Module):
         return [phase for phase in self.phases() if phase.runs_at(iteration)]
 
     def lazy_ratio(self, network: str) -> float:
-        """Lazy regularisation steps `network`'s optimizer (interval + 1) times per `interval` iterations; StyleGAN2
-        scales its lr by, and raises its Adam betas to, interval / (interval + 1) so the dynamics match a non-lazy
-        run. 1 when no lazy regulariser trains it."""
+        """A regularisation phase steps `network`'s optimizer (interval + 1) times per `interval` iterations (every
+        iteration twice at interval 1); StyleGAN2 scales its lr by, and raises its Adam betas to,
+        interval / (interval + 1) so the dynamics match a single-step run. 1 when no regulariser trains it."""
         ratio = 1.0
-        for reg in self._active(network):
-            if reg.interval > 1:
-                ratio *= reg.interval / (reg.interval + 1)
+        for reg in self._active(network):  # interval 1 too: a separate phase is a second optimizer step
+            ratio *= reg.interval / (reg.interval + 1)
         return ratio
 
     def regularizer_of(self, phase: Phase) -> Regularizer | None:
@@ -320,6 +326,12 @@ class GANObjective(nn.Module):
         if "z" in wants:
             inputs["z"] = torch.randn(reals.shape[0], z_dim, device=reals.device)
         return inputs
+
+    def sample_conditions(self, count: int, device: torch.device) -> tuple[Tensor, ...]:
+        """What G takes besides z when sampling (sample grids, FID evaluation): nothing for an unconditional GAN; a
+        conditional objective returns e.g. (labels,) spread over the classes."""
+        del count, device
+        return ()
 
     def loss(self, phase: Phase, step: GANStep, inputs: Mapping[str, Tensor]) -> PhaseLoss:
         if phase.name == "Dmain":

@@ -8,7 +8,8 @@ runs from one `next()` on the loader to the next one, so every millisecond of th
     data_wait      waiting for the loader (next(); decode/augment in the main process when num_workers=0)
     h2d            Lightning's batch transfer hooks + the module's `h2d` phase (copy, uint8 -> float, layout)
     augment        DiffAugment/ADA (nested inside D_fwd or D_reg: its time is taken out of theirs)
-    G_fwd, D_fwd   forward passes (D_fwd also holds the loss)
+    G_fwd, D_fwd   forward passes (each G or D call the objective makes; the loss arithmetic after them is in
+                   other_in_step)
     D_bwd, G_bwd   backward of the D loss / of the G loss (the G backward runs through D into G)
     D_reg, G_reg   lazy regularisation phases (StyleGAN2-ADA's Dreg: R1; Greg: path length), each whole: forward,
                    gradient penalty and double backward

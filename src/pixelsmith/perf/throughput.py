@@ -3,8 +3,8 @@
 FLOPs are counted on real training iterations with `torch.utils.flop_counter.FlopCounterMode` (without its module
 tracker, `pixelsmith.perf.flops.TotalFlopCounter`): every matmul/convolution of the module's `training_step`, forward
 and backward (double backward included), for every network; callbacks around the step (sample grids, evaluation) are
-outside the count. Iterations come in kinds: "common", and "r1" for a GAN's lazy-R1 iterations (every
-`r1_interval`-th, when `r1_gamma > 0`). The common kind is counted on the last warm-up iteration (or the first common
+outside the count. Iterations come in kinds: "common", "r1" for a GAN's lazy-R1 iterations (every
+R1 interval-th, when R1's gamma > 0), and the names of other lazy phases that run (e.g. "Greg"). The common kind is counted on the last warm-up iteration (or the first common
 one after it); R1 on the first R1 iteration, iteration 0 of a fresh run, inside the warm-up, unless a network is
 compiled (counting runs the step eagerly and would push compilation into the timed window): then on the first R1
 iteration after the warm-up (e.g. 16), which is left out of the timed iterations (the counter slows it down; the
@@ -35,11 +35,18 @@ log = logging.getLogger(__name__)
 
 
 def iteration_kind(pl_module) -> str:
-    """The kind of the iteration about to run: "r1" where it runs lazy R1 (a GANModule with r1_gamma > 0 and
-    r1_interval > 1, at `iteration % r1_interval == 0`, as its training_step decides), else "common"."""
+    """The kind of the iteration about to run, from the GAN objective's phase table: "common" when no lazy
+    regularisation phase (interval > 1) runs, "r1" when lazy R1 (Dreg) alone does, else the lazy phases' names
+    ("Greg", "Dreg+Greg"). Each kind's FLOPs are counted once; a module without an objective but with
+    `r1_gamma`/`r1_interval` is read the same way."""
+    objective = getattr(pl_module, "objective", None)
+    iteration = int(getattr(pl_module, "iteration", 0))
+    if objective is not None and hasattr(objective, "phases_at"):
+        lazy = [p.name for p in objective.phases_at(iteration) if p.interval > 1]
+        return "common" if not lazy else "r1" if lazy == ["Dreg"] else "+".join(lazy)
     gamma = float(getattr(pl_module, "r1_gamma", 0.0) or 0.0)
     interval = int(getattr(pl_module, "r1_interval", 1) or 1)
-    if gamma > 0 and interval > 1 and int(getattr(pl_module, "iteration", 0)) % interval == 0:
+    if gamma > 0 and interval > 1 and iteration % interval == 0:
         return "r1"
     return "common"
 

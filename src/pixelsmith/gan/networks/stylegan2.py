@@ -319,7 +319,8 @@ class SynthesisNetwork(nn.Module):
 class StyleGAN2Generator(nn.Module):
     """StyleGAN2 generator: ``G(z, truncation_psi) -> images [N, channels, resolution, resolution]`` (fp32).
 
-    ``G.mapping(z, psi)`` and ``G.synthesis(w)`` are exposed separately (e.g. for path-length regularisation).
+    ``G.mapping(z, psi)`` and ``G.synthesis(w)`` are exposed separately; ``G(z, return_ws=True)`` returns the images
+    and their w (for path-length regularisation).
     """
 
     def __init__(
@@ -346,8 +347,14 @@ class StyleGAN2Generator(nn.Module):
             resolution, channels, w_dim, channel_base, channel_max, use_noise, gradient_checkpointing
         )
 
-    def forward(self, z: Tensor, truncation_psi: float = 1.0) -> Tensor:
-        return self.synthesis(self.mapping(z, truncation_psi))
+    def forward(
+        self, z: Tensor, truncation_psi: float = 1.0, return_ws: bool = False
+    ) -> Tensor | tuple[Tensor, Tensor]:
+        """Images; with `return_ws` also the w they were synthesised from (path-length regularisation
+        differentiates the images w.r.t. it, through this forward so FSDP's and compile's hooks still apply)."""
+        w = self.mapping(z, truncation_psi)
+        images = self.synthesis(w)
+        return (images, w) if return_ws else images
 
 
 def minibatch_stddev(x: Tensor, group_size: int) -> Tensor:
