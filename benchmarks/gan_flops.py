@@ -38,8 +38,9 @@ def count_gan_iteration_flops(gan, images) -> GANIterationFlops:
     """Count a `benchmarks.plain_loop.PlainGAN` iteration on `images` without and with lazy R1 (two real
     steps: weights and optimizer state change, which FLOPs do not depend on; `gan.iteration` is restored)."""
     saved = gan.iteration
-    interval = max(1, int(gan.r1_interval))
-    lazy_r1 = gan.r1_gamma > 0
+    r1_interval = gan.objective.interval_of("Dreg")  # None: R1 off
+    interval = max(1, r1_interval or 1)
+    lazy_r1 = r1_interval is not None
     try:
         gan.iteration = 1  # not an R1 iteration (unless r1_interval is 1: then every iteration has R1)
         common = count_flops(lambda: gan.step(images))

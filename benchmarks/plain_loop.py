@@ -27,7 +27,7 @@ from pixelsmith.core.module import eager
 from pixelsmith.core.optim import build_optimizer, optimizer_factory
 from pixelsmith.core.precision import AUTOCAST_DTYPES
 from pixelsmith.errors import PixelsmithError
-from pixelsmith.gan.objectives import GANBatch, GANObjective, Phase, R1Penalty
+from pixelsmith.gan.objectives import GANBatch, GANObjective, Phase
 from pixelsmith.hardware import RuntimePlan
 
 
@@ -66,17 +66,6 @@ class PlainGAN:
 
     def mean_over_ranks(self, tensor: torch.Tensor) -> torch.Tensor:
         return tensor
-
-    # ---- read by the FLOP count (benchmarks/gan_flops.py) ------------------------------------------------------
-    @property
-    def r1_gamma(self) -> float:
-        r1 = next((r for r in self.objective.regularizers.values() if isinstance(r, R1Penalty)), None)
-        return r1.gamma if r1 is not None else 0.0
-
-    @property
-    def r1_interval(self) -> int:
-        r1 = next((r for r in self.objective.regularizers.values() if isinstance(r, R1Penalty)), None)
-        return r1.interval if r1 is not None else 1
 
     # ---- the iteration ---------------------------------------------------------------------------------------------
     def _backward_step(self, loss: torch.Tensor, opt: torch.optim.Optimizer) -> None:

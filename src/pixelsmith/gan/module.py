@@ -23,7 +23,7 @@ from torchvision.utils import make_grid
 
 from pixelsmith.core.config import EMAConfig, OptimizerConfig
 from pixelsmith.core.module import CoreSettings, IterationResult, OptimizerDefinition, TrainingCore
-from pixelsmith.gan.objectives import GANBatch, GANObjective, Phase, R1Penalty
+from pixelsmith.gan.objectives import GANBatch, GANObjective, Phase
 
 log = logging.getLogger(__name__)
 
@@ -190,17 +190,6 @@ class GANModule(TrainingCore):
         with self.phase("opt_step"):
             self.step(phase.network)
         return sums
-
-    # ---- read by the throughput monitor (iteration kinds: with lazy R1 or without) -------------------------------
-    @property
-    def r1_gamma(self) -> float:
-        r1 = next((r for r in self.objective.regularizers.values() if isinstance(r, R1Penalty)), None)
-        return r1.gamma if r1 is not None else 0.0
-
-    @property
-    def r1_interval(self) -> int:
-        r1 = next((r for r in self.objective.regularizers.values() if isinstance(r, R1Penalty)), None)
-        return r1.interval if r1 is not None else 1
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         super().on_load_checkpoint(checkpoint)

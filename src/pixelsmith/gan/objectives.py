@@ -308,6 +308,10 @@ class GANObjective(nn.Module):
             ratio *= reg.interval / (reg.interval + 1)
         return ratio
 
+    def interval_of(self, phase_name: str) -> int | None:
+        """The interval of an active phase (e.g. "Dreg": lazy R1), None when the table has no such phase."""
+        return next((p.interval for p in self.phases() if p.name == phase_name), None)
+
     def regularizer_of(self, phase: Phase) -> Regularizer | None:
         return next((r for r in self._active(phase.network) if r.phase_name == phase.name), None)
 

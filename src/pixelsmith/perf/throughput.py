@@ -38,7 +38,7 @@ def iteration_kind(pl_module) -> str:
     """The kind of the iteration about to run, from the GAN objective's phase table: "common" when no lazy
     regularisation phase (interval > 1) runs, "r1" when lazy R1 (Dreg) alone does, else the lazy phases' names
     ("Greg", "Dreg+Greg"). Each kind's FLOPs are counted once; a module without an objective but with
-    `r1_gamma`/`r1_interval` is read the same way."""
+    `r1_gamma`/`r1_interval` attributes (a fork's own R1 bookkeeping) is read the same way."""
     objective = getattr(pl_module, "objective", None)
     iteration = int(getattr(pl_module, "iteration", 0))
     if objective is not None and hasattr(objective, "phases_at"):
@@ -113,7 +113,10 @@ class ThroughputMonitor(Callback):
         self.peak_flops, self.peak_key, self.peak_source = device_peak_flops(
             device, precision, self.peak_tflops
         )
-        if float(getattr(pl_module, "r1_gamma", 0.0) or 0.0) > 0:
+        objective = getattr(pl_module, "objective", None)
+        if objective is not None and hasattr(objective, "interval_of"):
+            self.r1_interval = objective.interval_of("Dreg")  # None when R1 is off
+        elif float(getattr(pl_module, "r1_gamma", 0.0) or 0.0) > 0:
             self.r1_interval = int(getattr(pl_module, "r1_interval", 1) or 1)
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
