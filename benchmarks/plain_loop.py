@@ -13,7 +13,6 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Iterable, Iterator
-from contextlib import nullcontext
 from dataclasses import dataclass
 
 import torch
@@ -83,9 +82,9 @@ class PlainGAN:
         frozen.requires_grad_(False)
         trained.requires_grad_(True)
         inputs = self.objective.sample_inputs(phase, GANBatch(reals), self.z_dim)
-        with (
-            eager(trained) if phase.double_backward else nullcontext()
-        ):  # a compiled backward is not differentiable
+        # As GANModule.run_phase: one autocast region per main phase; eager networks where a phase differentiates
+        # a gradient (a compiled backward is not differentiable).
+        with eager(trained) if phase.double_backward else self.autocast():
             loss = self.objective.loss(phase, self, inputs).loss
         self._backward_step(loss * phase.interval, self.opt_g if phase.network == "G" else self.opt_d)
         frozen.requires_grad_(True)

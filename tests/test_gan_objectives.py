@@ -105,14 +105,15 @@ def test_losses_match_their_formulas():
     assert HingeLoss().generator(fake) == pytest.approx(1.5)
 
 
-def test_the_plain_benchmark_loop_and_the_module_compute_the_same_iterations(tmp_path):
+@pytest.mark.parametrize("precision", ["32-true", "bf16-mixed"])
+def test_the_plain_benchmark_loop_and_the_module_compute_the_same_iterations(tmp_path, precision):
     """The plain loop reuses the module's objective: from the same weights, batch and seeds, two iterations (the
     first with lazy R1) leave the same weights in both. A loop that drifted from the template would fail here."""
     cfg = compose_config(
         [
             *FAST,
             *SMALL["dcgan"],
-            "precision=32-true",
+            f"precision={precision}",
             f"{R1}.gamma=0.5",
             f"{R1}.interval=2",
             "hardware.channels_last=false",
@@ -120,7 +121,9 @@ def test_the_plain_benchmark_loop_and_the_module_compute_the_same_iterations(tmp
         tmp_path / "run",
     )
     plan = build_plan(cfg)
-    core = CoreSettings(max_steps=2, optimizer_impl="foreach", seed=7, log_every_n_steps=1)
+    core = CoreSettings(
+        max_steps=2, optimizer_impl="foreach", seed=7, log_every_n_steps=1, precision=precision
+    )
     module = build_model(cfg, core)
     plain = build_plain_gan(cfg, plan, "foreach")
     plain.G.load_state_dict(module.generator.state_dict())

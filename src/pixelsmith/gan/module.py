@@ -175,9 +175,13 @@ class GANModule(TrainingCore):
             self._timing_forwards = not regularising
             with whole, self.double_backward(trained) if regularising else nullcontext():
                 for micro in range(self.core.accumulate):
-                    out = self.objective.loss(
-                        phase, self, {key: parts[micro] for key, parts in chunks.items()}
-                    )
+                    # A main phase's forwards share one autocast region: D's bf16 weight casts are made once and
+                    # its real and fake passes use the same copies (autocast's cast cache), as a hand-written step
+                    # does. Regularisation phases keep their gradient-of-gradient outside autocast.
+                    with nullcontext() if regularising else self.autocast():
+                        out = self.objective.loss(
+                            phase, self, {key: parts[micro] for key, parts in chunks.items()}
+                        )
                     loss = out.loss * phase.interval if phase.interval != 1 else out.loss
                     with nullcontext() if regularising else self.phase(f"{phase.network}_bwd"):
                         self.loss_backward(loss, phase.network)
