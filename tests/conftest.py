@@ -8,6 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import lightning as L
 import pytest
 import torch
 from hydra import compose, initialize_config_dir
@@ -67,6 +68,21 @@ def make_cfg(tmp_path):
         return compose_config([*base, *overrides], tmp_path / output)
 
     return _make
+
+
+def bare_trainer(callbacks=()) -> L.Trainer:
+    """A one-CPU Trainer with nothing of its own (no logger, checkpoints, bar or summary): for a module driven
+    directly; the training core stops it at `max_steps`."""
+    return L.Trainer(
+        accelerator="cpu",
+        devices=1,
+        max_epochs=-1,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        callbacks=list(callbacks),
+    )
 
 
 def run_cli(args: list[str], cwd: Path = REPO_ROOT, timeout: int = 600, env_extra: dict | None = None):

@@ -25,6 +25,7 @@ from pixelsmith.core.schedules import lr_multiplier
 from pixelsmith.data.base import BatchSizeError, per_rank_batch
 from pixelsmith.data.sampler import IterationSampler
 from pixelsmith.errors import PixelsmithError
+from tests.conftest import bare_trainer
 
 
 class TinyCore(TrainingCore):
@@ -83,16 +84,7 @@ def _fit(module: TinyCore, callbacks=(), steps: int = 4) -> L.Trainer:
     x = torch.randn(64, 16, generator=gen)
     y = x.sum(dim=1, keepdim=True) * 3
     loader = DataLoader(TensorDataset(x, y), batch_size=16, shuffle=False)
-    trainer = L.Trainer(
-        accelerator="cpu",
-        devices=1,
-        max_epochs=-1,
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        callbacks=list(callbacks),
-    )
+    trainer = bare_trainer(callbacks)
     trainer.fit(module, loader)
     return trainer
 

@@ -23,7 +23,7 @@ from pixelsmith.gan.objectives import (
     Regularizer,
 )
 from pixelsmith.train import run
-from tests.conftest import FAST, SMALL, compose_config
+from tests.conftest import FAST, SMALL, bare_trainer, compose_config
 from tests.test_train_gan import _metrics_rows, _series
 
 R1 = "model.objective.regularizers.r1"
@@ -132,15 +132,7 @@ def test_the_plain_benchmark_loop_and_the_module_compute_the_same_iterations(tmp
         0, 256, (8, 1, 32, 32), dtype=torch.uint8, generator=torch.Generator().manual_seed(3)
     )
 
-    trainer = L.Trainer(
-        accelerator="cpu",
-        devices=1,
-        max_epochs=-1,
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-    )
+    trainer = bare_trainer()
     trainer.fit(module, DataLoader(TensorDataset(images), batch_size=8))
     assert module.iteration == 2
     for iteration in range(2):
@@ -311,14 +303,7 @@ def test_a_conditional_gan_is_a_new_objective_plus_labelled_data():
         ema={"enabled": False},
         sample_grid_size=4,
     )
-    trainer = L.Trainer(
-        accelerator="cpu",
-        max_epochs=-1,
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-    )
+    trainer = bare_trainer()
     trainer.fit(module, loader)
     first_real_labels = module.discriminator.labels_seen[0]  # Dmain's first D call is on the reals
     assert first_real_labels.shape == (24,) and set(first_real_labels.tolist()) <= {0, 1, 2}

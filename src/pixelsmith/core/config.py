@@ -106,3 +106,13 @@ class TrainLoopConfig:
     # Start in a run dir that holds another run's outputs but no last.ckpt to resume from (they are overwritten).
     overwrite: bool = False
     preemption: PreemptionConfig = field(default_factory=lambda: PreemptionConfig())
+
+
+def as_config(cls, value):
+    """A module argument given as a config dataclass, a mapping (a composed node) or None (the dataclass defaults)
+    as that dataclass: the modules take all three, so Python callers need not build the dataclass."""
+    if value is None:
+        return cls()
+    if isinstance(value, cls):
+        return value
+    return cls(**dict(value))

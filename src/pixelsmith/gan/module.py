@@ -21,23 +21,11 @@ from hydra.utils import instantiate
 from torch import nn
 from torchvision.utils import make_grid
 
-from pixelsmith.core.config import EMAConfig, OptimizerConfig
+from pixelsmith.core.config import EMAConfig, OptimizerConfig, as_config
 from pixelsmith.core.module import CoreSettings, IterationResult, OptimizerDefinition, TrainingCore
 from pixelsmith.gan.objectives import GANBatch, GANObjective, Phase
 
 log = logging.getLogger(__name__)
-
-
-def _as_dataclass(cls, value):
-    if value is None or isinstance(value, cls):
-        return value or cls()
-    return cls(**dict(value))
-
-
-def _optimizer_node(value: Any) -> Any:
-    if callable(value) or isinstance(value, OptimizerConfig):
-        return value
-    return OptimizerConfig(**dict(value or {}))
 
 
 class GANModule(TrainingCore):
@@ -59,8 +47,10 @@ class GANModule(TrainingCore):
         self.model_name = name
         # Optimizer partials (config nodes or callables, core/optim.py); a None or a partial node (e.g. only `lr`)
         # takes the schema's defaults (Adam, lr 2e-4, betas 0.5/0.999), as the composed config does.
-        self.g_optimizer, self.d_optimizer = _optimizer_node(g_optimizer), _optimizer_node(d_optimizer)
-        ema_cfg = _as_dataclass(EMAConfig, ema)
+        self.g_optimizer, self.d_optimizer = (
+            o if callable(o) else as_config(OptimizerConfig, o) for o in (g_optimizer, d_optimizer)
+        )
+        ema_cfg = as_config(EMAConfig, ema)
         self.generator = generator if isinstance(generator, nn.Module) else instantiate(generator)
         self.discriminator = (
             discriminator if isinstance(discriminator, nn.Module) else instantiate(discriminator)

@@ -17,6 +17,7 @@ losses (to pass them to G and D); nothing in the module changes. See README "How
 
 from __future__ import annotations
 
+import functools
 import inspect
 import math
 from collections.abc import Mapping, Sequence
@@ -153,6 +154,12 @@ class Regularizer(nn.Module):
         raise NotImplementedError
 
 
+@functools.cache
+def _forward_takes_return_ws(generator_class: type) -> bool:
+    # Read once per class: inspect.signature costs tens of microseconds, and Greg runs every few iterations.
+    return "return_ws" in inspect.signature(generator_class.forward).parameters
+
+
 class R1Penalty(Regularizer):
     """R1 (Mescheder et al. 2018) on D at real images, as augmented for D: gamma / 2 * ||dD(x)/dx||^2 (StyleGAN2-ADA's
     Dreg). gamma = 0 turns the phase off; StyleGAN2-ADA's heuristic is gamma ~ 0.0002 * resolution^2 / batch."""
@@ -211,7 +218,7 @@ class PathLengthPenalty(Regularizer):
 
     def loss(self, step: GANStep, inputs: Mapping[str, Tensor]) -> PhaseLoss:
         G = step.G
-        if "return_ws" not in inspect.signature(G.forward).parameters:
+        if not _forward_takes_return_ws(type(G)):
             raise PixelsmithError(
                 f"PathLengthPenalty needs a generator whose forward takes return_ws=True and returns (images, w); "
                 f"{type(G).__name__}'s does not. Use model=stylegan2, or set "

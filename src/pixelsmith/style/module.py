@@ -30,7 +30,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torchvision.utils import make_grid
 
-from pixelsmith.core.config import OptimizerConfig
+from pixelsmith.core.config import OptimizerConfig, as_config
 from pixelsmith.core.module import CoreSettings, IterationResult, OptimizerDefinition, TrainingCore
 from pixelsmith.errors import PixelsmithError
 from pixelsmith.style.config import (
@@ -55,14 +55,6 @@ from pixelsmith.style.networks import ADAIN_ENCODER_LAYERS, AdaINDecoder, AdaINN
 
 class StyleConfigError(PixelsmithError, ValueError):
     pass
-
-
-def _as_dataclass(cls, value):
-    if value is None:
-        return cls()
-    if isinstance(value, cls):
-        return value
-    return cls(**dict(value))
 
 
 def resolve_style_paths(style_images: str | Path | Sequence[str | Path] | None) -> list[Path]:
@@ -121,11 +113,11 @@ class StyleTransferModule(TrainingCore):
         self.style_paths = resolve_style_paths(style_images)
         self.style_size = int(style_size)
         self.styles = load_configured_styles(self.style_paths, self.style_size)  # (3, h, w) float [0, 1], CPU
-        self.loss_net_config = _as_dataclass(LossNetConfig, loss_net)
+        self.loss_net_config = as_config(LossNetConfig, loss_net)
         self.content_weight = float(content_weight)
         self.style_weight = float(style_weight)
-        self.optimizer_config = _as_dataclass(OptimizerConfig, optimizer)
-        self.validation = _as_dataclass(StyleValidationConfig, validation)
+        self.optimizer_config = as_config(OptimizerConfig, optimizer)
+        self.validation = as_config(StyleValidationConfig, validation)
         # Frozen helpers that must follow the module's device but stay out of state_dict() and parameters():
         # a plain dict is not traversed by nn.Module, so `_apply` below moves them explicitly.
         self._frozen: dict[str, nn.Module] = {}
@@ -297,7 +289,7 @@ class FastStyleModule(StyleTransferModule):
             optimizer,
             validation,
         )
-        self.stylizer_config = dataclasses.asdict(_as_dataclass(TransformerNetConfig, stylizer))
+        self.stylizer_config = dataclasses.asdict(as_config(TransformerNetConfig, stylizer))
         try:
             self.stylizer = TransformerNet.from_config(self.stylizer_config)
         except ValueError as err:
@@ -392,7 +384,7 @@ class AdaINModule(StyleTransferModule):
                 f"model.style_crop={self.style_crop} is larger than model.style_size={self.style_size} (the style "
                 "images' shorter side): lower the crop or raise style_size."
             )
-        self.decoder_config = dataclasses.asdict(_as_dataclass(AdaINDecoderConfig, decoder))
+        self.decoder_config = dataclasses.asdict(as_config(AdaINDecoderConfig, decoder))
         encoder = self.build_loss_network("vgg19", ADAIN_ENCODER_LAYERS)
         # Registered as `encoder` and `decoder` (the stylize.py checkpoint contract); the AdaINNet/AdaINLoss views
         # over them live outside the module tree so their weights are not listed twice.
