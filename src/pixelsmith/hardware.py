@@ -74,6 +74,7 @@ class RuntimePlan:
     )
     memory_fraction: float | None = None  # CUDA: torch.cuda.set_per_process_memory_fraction, in (0, 1]
     cuda_alloc_conf: str | None = None  # CUDA: PYTORCH_CUDA_ALLOC_CONF, e.g. "expandable_segments:True"
+    cuda_graphs: bool = False  # the training iteration captured as CUDA graphs (core/graphs.py)
 
     @property
     def world_size(self) -> int:
@@ -335,6 +336,7 @@ def resolve_plan(
         optimizer_impl=optimizer_impl,
         memory_fraction=None if memory_fraction is None else float(memory_fraction),
         cuda_alloc_conf=_get(hardware, "cuda_alloc_conf") or None,
+        cuda_graphs=flag("cuda_graphs"),
     )
 
 

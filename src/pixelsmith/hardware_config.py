@@ -68,6 +68,8 @@ class HardwareConfig:
     channels_last: bool | None = None
     compile: bool | None = None
     compile_mode: str | None = choice(CompileMode, None)  # default | reduce-overhead | max-autotune
+    # Replay each training iteration as CUDA graph(s) (core/graphs.py); on CPU the same code runs uncaptured.
+    cuda_graphs: bool | None = None
     num_workers: int | None = None
     num_threads: int | None = None  # torch.set_num_threads (intra-op) per process; None = torch's default
     pin_memory: bool | None = None

@@ -111,6 +111,10 @@ class AdaptiveAugment(GANAugment):
         self.hue = float(hue)
 
         self.register_buffer("p", torch.tensor(initial_p, dtype=torch.float32))
+        # Return the images untouched while the host knows p is 0 (saves the warp). A captured CUDA graph must
+        # launch the same kernels whatever p is, so the GAN module turns this off under hardware.cuda_graphs; the
+        # ops at p = 0 leave every pixel bit-exact, so both give the same images.
+        self.skip_when_off = True
         # [sum of sign(D(real logits)), number of logits] since the last adjustment, summed over ranks.
         self.register_buffer("sign_stats", torch.zeros(2, dtype=torch.float32))
         self.register_buffer("images_since_adjust", torch.zeros((), dtype=torch.int64))
@@ -146,7 +150,24 @@ class AdaptiveAugment(GANAugment):
         observed = torch.stack([signs.sum(), signs.new_full((), signs.numel())])
         self._pending_signs = observed if self._pending_signs is None else self._pending_signs + observed
 
-    def update(self, num_images: int, all_reduce: Callable[[Tensor], Tensor] | None = None) -> None:
+    def advance(self, num_images: int) -> bool:
+        """The host's half of `update`: count the iteration and say whether it adjusts p. Called once per iteration
+        before it runs, so a CUDA graph of the iteration (which cannot run Python) gets the decision as its plan."""
+        self._images_since_adjust += int(num_images)
+        self._iterations_since_adjust += 1
+        if self._iterations_since_adjust < self.interval:
+            return False
+        largest_step = self._images_since_adjust / (self.speed_kimg * 1000.0)
+        self._p_bound = min(self._p_bound + largest_step, self.max_p)
+        self._images_since_adjust = 0
+        self._iterations_since_adjust = 0
+        return True
+
+    def apply_update(
+        self, num_images: int, adjust: bool, all_reduce: Callable[[Tensor], Tensor] | None = None
+    ) -> None:
+        """The device's half of `update`: fold this iteration's signs into the statistics and, where `advance`
+        said so, adjust p. Device tensors only: the same kernels every time, as a captured graph needs."""
         pending = self._pending_signs
         self._pending_signs = None
         if pending is None:
@@ -157,26 +178,28 @@ class AdaptiveAugment(GANAugment):
             reduced = all_reduce(pending)
             pending = pending if reduced is None else reduced
         self.sign_stats.add_(pending.to(self.sign_stats.device, self.sign_stats.dtype))
-        self._images_since_adjust += int(num_images)
-        self._iterations_since_adjust += 1
-        if self._iterations_since_adjust >= self.interval:
+        self.images_since_adjust.add_(int(num_images))
+        self.iterations_since_adjust.add_(1)
+        if adjust:
             self._adjust()
-        self.images_since_adjust.fill_(self._images_since_adjust)
-        self.iterations_since_adjust.fill_(self._iterations_since_adjust)
+
+    def discard_pending(self) -> None:
+        """Forget signs observed in an iteration that did not finish (a CUDA-graph capture that failed)."""
+        self._pending_signs = None
 
     def _adjust(self) -> None:
         # On the device: the host never waits for r_t (a lazy host read here cost one sync per `interval`).
         sign_sum, count = self.sign_stats.unbind()
         observed = count > 0  # nothing observed (e.g. update() without observe_real_logits()): keep p
         rt = sign_sum / count.clamp(min=1.0)
-        largest_step = self._images_since_adjust / (self.speed_kimg * 1000.0)
+        # In float64 and then float32: the bits of the host's float step (images / (speed_kimg * 1000)).
+        largest_step = (self.images_since_adjust.double() / (self.speed_kimg * 1000.0)).float()
         new_p = (self.p + torch.sign(rt - self.target) * largest_step).clamp(0.0, self.max_p)
         self.p.copy_(torch.where(observed, new_p, self.p))
         self.last_rt.copy_(torch.where(observed, rt, self.last_rt))
-        self._p_bound = min(self._p_bound + largest_step, self.max_p)
         self.sign_stats.zero_()
-        self._images_since_adjust = 0
-        self._iterations_since_adjust = 0
+        self.images_since_adjust.zero_()
+        self.iterations_since_adjust.zero_()
 
     def _sync_mirrors_from_buffers(self) -> None:
         self._p_bound = float(self.p)
@@ -202,7 +225,9 @@ class AdaptiveAugment(GANAugment):
         # would draw other latents than a straight run.
         geometric = self._geometric_matrices(images, p)
         colour = self._colour_transform(images, p)
-        if self._p_bound <= 0.0:  # p is surely 0: no op was drawn, the images pass through untouched
+        if (
+            self._p_bound <= 0.0 and self.skip_when_off
+        ):  # p is surely 0: no op drawn, the images pass untouched
             return images
         if geometric is not None:
             matrices, applied = geometric

@@ -56,7 +56,23 @@ class GANAugment(nn.Module):
         """Advance by one training iteration in which D saw `num_images` images summed over all ranks.
 
         `all_reduce` must SUM a tensor over ranks (in place or by return value); None on a single process.
+        The same as `apply_update(num_images, advance(num_images), all_reduce)`.
         """
+        self.apply_update(num_images, self.advance(num_images), all_reduce)
+
+    def advance(self, num_images: int) -> bool:
+        """The host's half of `update`, made before the iteration runs: True where this iteration adapts the policy
+        (part of the iteration's plan, core/graphs.py). Fixed policies never adapt."""
+        del num_images
+        return False
+
+    def apply_update(
+        self, num_images: int, adjust: bool, all_reduce: Callable[[Tensor], Tensor] | None = None
+    ) -> None:
+        """The device's half of `update`, inside the iteration, after D's last step."""
+
+    def discard_pending(self) -> None:
+        """Forget what an unfinished iteration observed (a failed CUDA-graph capture)."""
 
     @property
     def probability(self) -> float:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import copy
 
 import torch
-from torch import nn
+from torch import Tensor, nn
 
 
 class EMA(nn.Module):
@@ -24,18 +24,34 @@ class EMA(nn.Module):
         self.rampup = rampup
         self.model = copy.deepcopy(source).eval().requires_grad_(False)
 
-    def beta(self, images_per_iteration: int, images_seen: int) -> float:
+    def beta(self, images_per_iteration: int, images_seen: int | Tensor) -> float | Tensor:
+        """The decay for this iteration; a device tensor when `images_seen` is one (a CUDA-graph replay cannot read
+        the host's count), computed in float64 there so it equals the host's Python float."""
         ema_nimg = self.half_life_kimg * 1000.0
+        if isinstance(images_seen, Tensor):
+            nimg = torch.full((), ema_nimg, dtype=torch.float64, device=images_seen.device)
+            if self.rampup is not None:
+                nimg = torch.minimum(nimg, images_seen.double() * self.rampup)
+            return torch.pow(0.5, images_per_iteration / nimg.clamp(min=1e-8))
         if self.rampup is not None:
             ema_nimg = min(ema_nimg, images_seen * self.rampup)
         return 0.5 ** (images_per_iteration / max(ema_nimg, 1e-8))
 
     @torch.no_grad()
-    def update(self, source: nn.Module, images_per_iteration: int, images_seen: int) -> float:
+    def update(
+        self, source: nn.Module, images_per_iteration: int, images_seen: int | Tensor
+    ) -> float | Tensor:
         beta = self.beta(images_per_iteration, images_seen)
         ema_params = list(self.model.parameters())
         src_params = [p.detach() for p in source.parameters()]
-        torch._foreach_lerp_(ema_params, src_params, 1.0 - beta)
+        if isinstance(beta, Tensor):
+            # A tensor weight per parameter (the List overload; a lone 0-dim tensor would be read as a host Scalar,
+            # a sync that a CUDA graph would bake in). In float32, as the float weight is inside the kernel: both
+            # give the same bits.
+            weight = (1.0 - beta).float()
+            torch._foreach_lerp_(ema_params, src_params, [weight.expand_as(p) for p in ema_params])
+        else:
+            torch._foreach_lerp_(ema_params, src_params, 1.0 - beta)
         # Buffers (BatchNorm statistics, StyleGAN's w_avg) are copied, as in StyleGAN2-ADA.
         for ema_buf, src_buf in zip(self.model.buffers(), source.buffers(), strict=True):
             ema_buf.copy_(src_buf)

@@ -24,7 +24,8 @@ import logging
 import random
 import signal
 import time
-from collections.abc import Iterable, Iterator
+from collections import defaultdict
+from collections.abc import Hashable, Iterable, Iterator
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
 from functools import partial
@@ -40,6 +41,7 @@ from pixelsmith.core.budget import TimeBudget
 from pixelsmith.core.config import EMAConfig, ScheduleConfig
 from pixelsmith.core.ema import EMA
 from pixelsmith.core.fsdp import MultiNetworkFSDPStrategy
+from pixelsmith.core.graphs import IterationGraphs
 from pixelsmith.core.host_reads import host_reads_allowed
 from pixelsmith.core.optim import build_optimizer, optimizer_factory
 from pixelsmith.core.precision import MixedPrecision
@@ -67,6 +69,7 @@ class CoreSettings:
     channels_last: bool = False
     compile: bool = False
     compile_mode: str = "default"
+    cuda_graphs: bool = False  # hardware.cuda_graphs: the iteration replayed as CUDA graphs (core/graphs.py)
     seed: int = 42
     log_every_n_steps: int = 10
     optimizer_impl: str = (
@@ -97,6 +100,8 @@ class IterationResult:
 
     images: int
     logs: dict[str, Any] = field(default_factory=dict)
+    # Set by the core: gradient all-reduces this iteration made (a replayed graph makes them without Python).
+    grad_allreduce_calls: int = field(default=0, repr=False)
 
 
 def _mix_seed(seed: int, rank: int, iteration: int) -> int:
@@ -105,6 +110,10 @@ def _mix_seed(seed: int, rank: int, iteration: int) -> int:
 
 
 class TrainingCore(L.LightningModule):
+    # True when `iteration_plan` names every host decision of an iteration, so `hardware.cuda_graphs` may capture
+    # it (core/graphs.py); a model that leaves it False runs eagerly, saying so at start-up.
+    supports_cuda_graphs = False
+
     def __init__(self, core: CoreSettings):
         super().__init__()
         self.automatic_optimization = False
@@ -140,6 +149,12 @@ class TrainingCore(L.LightningModule):
         self.host_random = random.Random(core.seed)
         self.preemption = PreemptionSignals(core.preemption_signals)
         self.preempted_by: int | None = None  # the signal that ended training, once it has
+        # hardware.cuda_graphs (core/graphs.py): set up in on_train_start, None when the run launches eagerly. The
+        # iteration number and images seen then also live on the device, advanced inside the captured iteration.
+        self._graphs: IterationGraphs | None = None
+        self._iteration_t: torch.Tensor | None = None
+        self._images_seen_t: torch.Tensor | None = None
+        self._allreduces_this_iteration = 0
 
     # ---- what a subclass provides ------------------------------------------------------------------------------
     def networks(self) -> dict[str, nn.Module]:
@@ -153,8 +168,30 @@ class TrainingCore(L.LightningModule):
         """One iteration: `loss_backward` per micro-batch and `step` per optimizer; the core ends the iteration."""
         raise NotImplementedError
 
+    def iteration_plan(self, batch: Any) -> Hashable:
+        """What the host decides for the coming iteration before it runs (e.g. which phases are due), and host-side
+        bookkeeping that must happen once per iteration whether it runs eagerly or is replayed from a CUDA graph.
+        Iterations with equal plans (and batch shapes) must launch the same kernels: each plan gets one graph. Called
+        every iteration, before `train_iteration`; a model that sets `supports_cuda_graphs` overrides it."""
+        del batch
+        return None
+
     def training_step(self, batch: Any, batch_idx: int) -> None:
-        """Lightning's hook, owned by the core: the model's `train_iteration`, then the end of the iteration."""
+        """Lightning's hook, owned by the core: the model's `train_iteration` with the end of the iteration's device
+        work (EMA, buffer sync), replayed as a CUDA graph under `hardware.cuda_graphs`, then the host's end."""
+        plan = self.iteration_plan(batch)
+        graphs = self._graphs
+        if graphs is not None and self._phase_timer is not None:
+            graphs.give_up("a profiler (profiler=breakdown|torch) times the phases on the host")
+        if graphs is None:
+            result = self._device_iteration(batch)
+        else:
+            result = graphs.run(plan, batch, self._device_iteration, reset=self._abandon_iteration)
+        self._end_iteration(result.images, result.logs, result.grad_allreduce_calls)
+
+    def _device_iteration(self, batch: Any) -> IterationResult:
+        """The model's iteration and the device half of its end (buffer sync, EMA): what a CUDA graph captures."""
+        self._allreduces_this_iteration = 0
         result = self.train_iteration(batch)
         if not isinstance(result, IterationResult):
             raise PixelsmithError(
@@ -168,7 +205,33 @@ class TrainingCore(L.LightningModule):
                 "self.step(name) after them: their gradients would leak into the next iteration. Call "
                 "self.step(name) once after each optimizer's micro-batches."
             )
-        self._end_iteration(result.images, result.logs)
+        images_per_iteration = result.images * self.world_size
+        self._sync_buffers()
+        if self._graphs is not None:  # the device's own count: a replay cannot read the host's
+            self._images_seen_t.add_(images_per_iteration)
+        images_seen = (
+            self._images_seen_t if self._graphs is not None else self.images_seen + images_per_iteration
+        )
+        for name, ema, source in self._ema_pairs:
+            with self.phase("ema"):
+                result.logs[f"ema/{name}_beta"] = ema.update(source, images_per_iteration, images_seen)
+        if self._graphs is not None:
+            self._iteration_t.add_(1)
+        result.grad_allreduce_calls = self._allreduces_this_iteration
+        return result
+
+    def _abandon_iteration(self) -> None:
+        """Forget the host state of an iteration that did not finish (a CUDA-graph capture that failed part-way),
+        so it can run again eagerly: pending backward counts and flags, unscaled-optimizer marks, gradients."""
+        self._backward_calls.clear()
+        self._loss_nonfinite.clear()
+        scaler = self.mixed_precision.scaler
+        if scaler is not None:
+            from torch.amp.grad_scaler import _refresh_per_optimizer_state
+
+            scaler._per_optimizer_states = defaultdict(_refresh_per_optimizer_state)
+        for name in self._optimizer_index:
+            self._raw_optimizer(name).zero_grad(set_to_none=True)
 
     def shard_units(self, name: str, network: nn.Module) -> list[nn.Module]:
         """Under strategy=fsdp: sub-modules of `network` (from `networks()`) to shard as FSDP units of their own,
@@ -206,8 +269,9 @@ class TrainingCore(L.LightningModule):
                 net.to(memory_format=torch.channels_last)
             if self.core.compile:
                 # nn.Module.compile compiles in place: state_dict keys keep their names (no `_orig_mod.`).
-                log.info("Compiling %s (mode=%s)", name, self.core.compile_mode)
-                net.compile(mode=self.core.compile_mode)
+                mode = _compile_mode_under_graphs(self.core.compile_mode, self.core.cuda_graphs)
+                log.info("Compiling %s (mode=%s)", name, mode)
+                net.compile(mode=mode)
         if self._fsdp is not None:
             # After compile, as torchtitan does (compile per block, then fully_shard).
             self._fsdp.shard_networks(self)
@@ -294,7 +358,11 @@ class TrainingCore(L.LightningModule):
 
     def count_skipped_files(self, flags: torch.Tensor) -> None:
         """Accumulate the loader's per-item "substituted for an unreadable file" flags into data/skipped_files."""
-        self.skipped_files = self.skipped_files + flags.sum().detach()
+        count = flags.detach().sum()
+        if torch.is_tensor(self.skipped_files) and self.skipped_files.device == count.device:
+            self.skipped_files.add_(count)  # in place: a replayed CUDA graph adds into the same tensor
+        else:
+            self.skipped_files = count + self.skipped_files
 
     def micro_batches(self, tensor: torch.Tensor) -> list[torch.Tensor]:
         n = self.core.accumulate
@@ -332,7 +400,7 @@ class TrainingCore(L.LightningModule):
         grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in params]
         flat = torch.cat([g.reshape(-1).float() for g in grads] + [loss_flag.reshape(1).float()])
         torch.distributed.all_reduce(flat)
-        self.grad_allreduce_calls += 1
+        self._allreduces_this_iteration += 1
         flat.div_(world)
         offset = 0
         for p, g in zip(params, grads, strict=True):
@@ -457,7 +525,9 @@ class TrainingCore(L.LightningModule):
             newly = (streak >= limit) & (trip[0] < 0)
             # Python scalars reach the kernels as arguments: no host-to-device copy (which would wait on CUDA).
             trip[1] = torch.where(newly, index, trip[1])
-            trip[0] = torch.where(newly, self.iteration, trip[0])
+            # A replayed graph cannot read self.iteration: there the device's own counter says which iteration.
+            iteration = self._iteration_t if self._graphs is not None else self.iteration
+            trip[0] = torch.where(newly, iteration, trip[0])
 
     @property
     def nonfinite_skipped(self) -> int:
@@ -529,16 +599,17 @@ class TrainingCore(L.LightningModule):
         return self._images_per_iteration
 
     def _end_iteration(
-        self, images_this_rank: int, logs: dict[str, torch.Tensor | float] | None = None
+        self,
+        images_this_rank: int,
+        logs: dict[str, torch.Tensor | float] | None = None,
+        grad_allreduce_calls: int = 0,
     ) -> None:
-        """Advance the counter and schedules, log, and enforce the non-finite guard, `max_steps` and the time budget."""
+        """The host's end of an iteration (its device work, EMA and buffer sync, is done): advance the counter and
+        schedules, log, and enforce the non-finite guard, `max_steps` and the time budget."""
         self._images_per_iteration = images_this_rank * self.world_size
         self.images_seen += self._images_per_iteration
-        self._sync_buffers()
+        self.grad_allreduce_calls += grad_allreduce_calls
         logs = dict(logs or {})
-        for name, ema, source in self._ema_pairs:
-            with self.phase("ema"):
-                logs[f"ema/{name}_beta"] = ema.update(source, self._images_per_iteration, self.images_seen)
         self.iteration += 1
         for sched in self._schedulers():
             sched.step()
@@ -644,9 +715,87 @@ class TrainingCore(L.LightningModule):
             # host-device sync per iteration. Its flag is never set with our handler in place; ours agree at logging
             # iterations instead (core/preemption.py).
             epoch_loop._broadcast_sigterm_tensor = lambda: None
+        self._setup_cuda_graphs()  # after the callbacks' on_train_start (a profiler attaches its timer there)
 
     def on_train_end(self) -> None:
         self.preemption.uninstall()
+        if self._graphs is not None and self._graphs.captures:
+            log.info(
+                "hardware.cuda_graphs: %d graph(s) captured, %d iterations replayed.",
+                self._graphs.captures,
+                self._graphs.replays,
+            )
+        self._graphs = None  # the graphs hold their own memory pools: release them with the run
+
+    # ---- hardware.cuda_graphs ------------------------------------------------------------------------------------
+    def cuda_graph_blockers(self) -> list[str]:
+        """Why this run cannot replay its iterations as CUDA graphs (empty: it can). CPU is no blocker: there the
+        graphed iteration's code runs uncaptured."""
+        reasons = []
+        if not self.supports_cuda_graphs:
+            reasons.append(f"{type(self).__name__} declares no iteration plan (supports_cuda_graphs = False)")
+        if self._fsdp is not None:
+            reasons.append("strategy=fsdp gathers and frees weights inside the iteration")
+        if self._phase_timer is not None:
+            reasons.append("a profiler (profiler=breakdown|torch) times the phases on the host")
+        unfused = [
+            name for name in self._optimizer_index if not self._raw_optimizer(name).defaults.get("fused")
+        ]
+        if unfused:
+            reasons.append(
+                f"optimizer(s) {unfused} are not fused (hardware.optimizer_impl=fused): the host decides their "
+                "skipped steps"
+            )
+        hooked = [
+            type(obj).__name__
+            for obj, base in [(self, L.LightningModule), *((c, L.Callback) for c in self.trainer.callbacks)]
+            for hook in _HOOKS_INSIDE_THE_STEP
+            if getattr(type(obj), hook) is not getattr(base, hook)
+        ]
+        if hooked:
+            reasons.append(
+                f"{', '.join(sorted(set(hooked)))} run(s) code in {' / '.join(_HOOKS_INSIDE_THE_STEP)}, which a "
+                "replayed graph would skip"
+            )
+        return reasons
+
+    def _setup_cuda_graphs(self) -> None:
+        """Called at the start of training with `hardware.cuda_graphs`: decide once whether the iteration can be
+        replayed as CUDA graphs, say so when it cannot, and move what the host changes between iterations (the
+        learning rates, the iteration number, the images seen) into device tensors the graphs read."""
+        self._graphs = None
+        if self.core.cuda_graphs:
+            blockers = self.cuda_graph_blockers()
+            if blockers:
+                log.warning(
+                    "hardware.cuda_graphs=true, but this run launches its kernels eagerly: %s. Set "
+                    "hardware.cuda_graphs=false to silence this.",
+                    "; ".join(blockers),
+                )
+            else:
+                capture = self.device.type == "cuda"
+                if not capture:
+                    log.info(
+                        "hardware.cuda_graphs: no CUDA device, so nothing is captured; the graphed iteration's code "
+                        "runs uncaptured (static batch buffer, learning rates and counters on the device)."
+                    )
+                self._graphs = IterationGraphs(capture=capture)
+        graphed = self._graphs is not None
+        for name in self._optimizer_index:
+            for group in self._raw_optimizer(name).param_groups:
+                # A graph reads the learning rate from a tensor the schedule fills (a float would be baked into it);
+                # an eager run keeps floats (a checkpoint of a graphed run may bring tensors along). CUDA's fused Adam
+                # computes in float32 and CPU's in float64, so each device's tensor dtype gives the float's update.
+                lr = group["lr"]
+                with host_reads_allowed():
+                    value = float(lr) if torch.is_tensor(lr) else lr
+                dtype = torch.float32 if self.device.type == "cuda" else torch.float64
+                group["lr"] = torch.full((), value, dtype=dtype, device=self.device) if graphed else value
+                if "capturable" in group:
+                    group["capturable"] = graphed and self._graphs.capture
+        if graphed:
+            self._iteration_t = torch.full((), self.iteration, dtype=torch.long, device=self.device)
+            self._images_seen_t = torch.full((), self.images_seen, dtype=torch.long, device=self.device)
 
     def on_train_batch_start(self, batch: Any, batch_idx: int) -> None:
         # Fresh, deterministic randomness per (seed, rank, iteration): latents, augmentation and dropout are the same
@@ -705,6 +854,25 @@ class TrainingCore(L.LightningModule):
         self._guard_checked_at = self.iteration
         self._pending_precision_state = state.get("grad_scaler") or None
         self._precision = None
+
+
+# Lightning calls these from inside `manual_backward`, i.e. inside a captured iteration: a replay would skip them.
+_HOOKS_INSIDE_THE_STEP = ("on_before_backward", "on_after_backward")
+
+
+def _compile_mode_under_graphs(mode: str, cuda_graphs: bool) -> str:
+    """The compile mode to use: under hardware.cuda_graphs the whole iteration is one graph already, and
+    reduce-overhead / max-autotune's own CUDA graphs inside it cannot be captured again."""
+    replacement = {"reduce-overhead": "default", "max-autotune": "max-autotune-no-cudagraphs"}
+    if not cuda_graphs or mode not in replacement:
+        return mode
+    log.info(
+        "hardware.cuda_graphs captures the whole iteration: compile_mode=%s runs as %s (its own CUDA graphs "
+        "cannot sit inside ours).",
+        mode,
+        replacement[mode],
+    )
+    return replacement[mode]
 
 
 @contextmanager

@@ -29,6 +29,8 @@ log = logging.getLogger(__name__)
 
 
 class GANModule(TrainingCore):
+    supports_cuda_graphs = True  # iteration_plan names the phases due and ADA's adjustment (core/graphs.py)
+
     def __init__(
         self,
         core: CoreSettings,
@@ -66,6 +68,9 @@ class GANModule(TrainingCore):
         self.z_dim = int(self.generator.z_dim)
         self.G_ema = self.add_ema("G", self.generator, ema_cfg)
         self._timing_forwards = True  # off inside regularisation phases, which are timed whole
+        self._plan: tuple[tuple[str, ...], bool] | None = (
+            None  # iteration_plan's, for the coming train_iteration
+        )
         # Fixed latents for sample grids: a buffer, so a resumed run draws the very same grid.
         gen = torch.Generator().manual_seed(core.seed)
         self.register_buffer("sample_z", torch.randn(sample_grid_size, self.z_dim, generator=gen))
@@ -125,10 +130,26 @@ class GANModule(TrainingCore):
         return self.world_all_reduce(tensor.detach().clone()) / self.world_size
 
     # ---- the iteration ---------------------------------------------------------------------------------------------
+    def iteration_plan(self, batch: Any) -> tuple[tuple[str, ...], bool]:
+        """The phases due at this iteration (lazy regularisers every few) and whether ADA adjusts p in it; ADA's
+        host-side count advances here, once per iteration, replayed or not."""
+        images = batch[0] if isinstance(batch, list | tuple) else batch
+        phases = tuple(phase.name for phase in self.objective.phases_at(self.iteration))
+        adapts = False
+        if self.augment is not None:
+            if self._graphs is not None and hasattr(self.augment, "skip_when_off"):
+                self.augment.skip_when_off = False  # the same kernels at p = 0 as after (see AdaptiveAugment)
+            adapts = self.augment.advance(images.shape[0] * self.world_size)
+        self._plan = (phases, adapts)
+        return self._plan
+
     def train_iteration(self, batch: Any) -> IterationResult:
         images = batch[0] if isinstance(batch, list | tuple) else batch
         if isinstance(batch, list | tuple) and len(batch) > 1:
             self.count_skipped_files(batch[1])
+        # The plan made for this iteration (a caller that drives train_iteration alone gets one made here).
+        phase_names, adapts = self._plan if self._plan is not None else self.iteration_plan(batch)
+        self._plan = None
         with self.phase("h2d"):
             reals = self.prepare_images(images)
             labels = (
@@ -137,16 +158,23 @@ class GANModule(TrainingCore):
                 else None
             )
         data = GANBatch(reals, labels)
-        phases = self.objective.phases_at(self.iteration)
+        phases = [phase for phase in self.objective.phases() if phase.name in phase_names]
         last_d = max((i for i, p in enumerate(phases) if p.network == "D"), default=-1)
         logs: dict[str, torch.Tensor] = {}
         for index, phase in enumerate(phases):
             logs.update(self.run_phase(phase, data))
             if index == last_d and self.augment is not None:
-                self.augment.update(
-                    reals.shape[0] * self.world_size, self.world_all_reduce if self.world_size > 1 else None
+                self.augment.apply_update(
+                    reals.shape[0] * self.world_size,
+                    adapts,
+                    self.world_all_reduce if self.world_size > 1 else None,
                 )
         return IterationResult(reals.shape[0], logs)
+
+    def _abandon_iteration(self) -> None:
+        super()._abandon_iteration()
+        if self.augment is not None:
+            self.augment.discard_pending()
 
     def run_phase(self, phase: Phase, batch: GANBatch) -> dict[str, torch.Tensor]:
         """One phase: its network trainable and the other frozen (its backward then skips the other's
