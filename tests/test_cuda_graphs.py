@@ -9,6 +9,7 @@ graphs replayed, equal to eager on CUDA) is in tests/test_gpu_graphs.py.
 
 from __future__ import annotations
 
+import json
 import logging
 
 import lightning as L
@@ -260,3 +261,31 @@ def test_a_failed_capture_resets_the_iteration_and_runs_it_eagerly(fake_cuda, ca
     assert "launches its kernels eagerly" in caplog.text
     graphs.run("main", torch.zeros(3), iteration)
     assert graphs.captures == 0 and len(runs) == 3  # no further attempt
+
+
+@pytest.mark.slow
+def test_two_processes_run_the_graphed_iteration_with_the_all_reduce_inside_it(tmp_path):
+    """DDP over gloo: the graphed path (the gradient all-reduce inside the iteration a graph would capture) keeps
+    both ranks identical, counts its all-reduces, and ends where the eager DDP run ends."""
+    from tests.conftest import SMALL, run_cli
+
+    common = [
+        "train.py",
+        "debug=ddp",
+        "hardware=cpu",
+        "precision=32-true",
+        "max_steps=4",
+        "callbacks.ddp_check.every_n_steps=2",
+        "eval.every_n_steps=0",
+        "train.sample_every_n_steps=0",
+        "train.time_budget_minutes=null",
+        *SMALL["dcgan"],
+    ]
+    for graphs in ("true", "false"):
+        result = run_cli(
+            [*common, f"hardware.cuda_graphs={graphs}", f"hydra.run.dir={tmp_path / graphs}"], timeout=900
+        )
+        assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    report = json.loads((tmp_path / "true" / "ddp_consistency.json").read_text())
+    assert report["max_abs_diff"] == 0.0 and report["grad_allreduce_calls_per_rank"] == [8, 8]
+    _assert_states_close(_state(tmp_path / "true"), _state(tmp_path / "false"), exact=True)
