@@ -16,7 +16,9 @@ in wall time and in process CPU time (steadier on a shared machine).
 FLOPs per iteration are counted once per cell (FlopCounterMode without its module tracker on plain iterations: same
 networks, same FLOPs), one without and one with lazy R1; the reported figure is their mean over the timed iterations
 (R1 where iteration % r1_interval == 0), so MFU = FLOPs x iterations/s / peak is exact for the timed window
-(datasheet table on NVIDIA GPUs, measured GEMM peak on CPU).
+(datasheet table on NVIDIA GPUs, measured GEMM peak on CPU, measured again when a cell outdoes it).
+No run has the main job's time budget (`harness.compose`). On a CPU without native bf16 (no AVX512-BF16 or AMX) the
+bf16-mixed cells would time an emulation: they are skipped, with the reason printed once, unless --emulated-bf16.
 
 Outputs in the run dir (default outputs/bench/<timestamp>): bench.json (one record per cell), bench.md, bench.png,
 and each run's own dir under runs/.
