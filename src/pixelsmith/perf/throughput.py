@@ -13,8 +13,8 @@ the timed iterations, each of its kind, over their time. `flops_per_iteration` i
 the timed iterations (lazy R1 included as often as it ran), with the per-kind counts and the amortised long-run
 figure beside it. MFU = achieved FLOP/s per device / peak FLOP/s of the device at the run's precision
 (`pixelsmith.perf.flops`); a measured CPU peak below the achieved FLOP/s is measured again after training
-(`plausible_peak_flops`), so no MFU above 100% is reported against it. Written every `every_n_steps` iterations as `perf/*` scalars and at the end as
-`perf/throughput.json`.
+(`plausible_peak_flops`), so no MFU above 100% is reported against it. Written every `every_n_steps` iterations as
+`perf/*` scalars and at the end as `perf/throughput.json`.
 """
 
 from __future__ import annotations
