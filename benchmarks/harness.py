@@ -1,5 +1,6 @@
-"""What every benchmark here shares: composing the real config tree with the outputs in a chosen dir, and
-`IterationClock`, the callback that stamps the end of every training iteration of a template run.
+"""What every benchmark here shares: composing the real config tree with the outputs in a chosen dir and without the
+main job's time budget, `IterationClock`, the callback that stamps the end of every training iteration of a template
+run, and `require_every_iteration`, the check that a run trained every iteration a benchmark times.
 
 A template run names the clock as a config entry (`cfg.callbacks.bench_clock`, `CLOCK_TARGET`), so Hydra
 instantiates it like any other callback; the benchmark reads the class-level lists after `pixelsmith.train.run`.
@@ -12,7 +13,14 @@ from pathlib import Path
 
 from lightning.pytorch.callbacks import Callback
 
+from pixelsmith.errors import PixelsmithError
+
 CLOCK_TARGET = "benchmarks.harness.IterationClock"
+# The main job's wall-clock budget (`train.time_budget_minutes`, 4.5 min in conf/train.yaml) ends a run at the first
+# iteration past it; on a slow CPU a benchmark run would then stop inside its timed window. Every config composed
+# here starts with this override, so a benchmark trains all max_steps; an explicit budget later in the overrides
+# still wins (and `require_every_iteration` names it when it cuts a run short).
+NO_TIME_BUDGET = "train.time_budget_minutes=null"
 
 
 class IterationClock(Callback):
@@ -32,8 +40,8 @@ class IterationClock(Callback):
 
 
 def compose(overrides: list[str], output_dir: Path):
-    """The training config as `train.py` composes it (the repository's `conf/`, the typed schemas), with
-    `paths.output_dir` set to `output_dir`."""
+    """The training config as `train.py` composes it (the repository's `conf/`, the typed schemas), without the main
+    job's time budget (`NO_TIME_BUDGET`, before `overrides`) and with `paths.output_dir` set to `output_dir`."""
     from hydra import compose as hydra_compose
     from hydra import initialize_config_dir
     from hydra.core.global_hydra import GlobalHydra
@@ -47,7 +55,43 @@ def compose(overrides: list[str], output_dir: Path):
     register_detected_profile()  # what `hardware=auto` composes
     GlobalHydra.instance().clear()
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-        cfg = hydra_compose(config_name="train", overrides=overrides)
+        cfg = hydra_compose(config_name="train", overrides=[NO_TIME_BUDGET, *overrides])
     with open_dict(cfg):
         cfg.paths.output_dir = str(output_dir)
     return cfg
+
+
+class RunEndedEarly(PixelsmithError):
+    """A benchmark's template run trained fewer iterations than the benchmark times."""
+
+
+def require_every_iteration(metrics: dict, expected: int) -> None:
+    """Stop with the cause when a template run (`metrics`: what `pixelsmith.train.run` returned) ended before
+    `expected` iterations: its timed window would be short, and a figure from it would be wrong."""
+    trained = int(metrics.get("iteration", 0))
+    if trained >= expected:
+        return
+    reason = metrics.get("stop_reason")
+    if reason == "time_budget":
+        minutes = metrics.get("train/time_budget_minutes")
+        at_stop = metrics.get("train/minutes_at_stop")
+        cause = (
+            f"its time budget ended it (train.time_budget_minutes={minutes}"
+            + (f", reached after {at_stop:.2f} min" if at_stop is not None else "")
+            + "). Benchmarks compose their runs with train.time_budget_minutes=null, so this budget came from an "
+            "override you gave (--override or a tool's own list): remove it, or make it longer than the run"
+        )
+    elif reason == "preempted":
+        cause = (
+            "a signal stopped it (train.preemption.signals: SIGTERM, SIGUSR1, SIGUSR2; a scheduler's preemption or "
+            "a kill). Run the benchmark again where nothing signals it"
+        )
+    else:
+        cause = (
+            f"training ended by itself (stop reason {reason!r}). Check the overrides for one that ends training "
+            "early (max_steps, a resumed checkpoint through ckpt_path or train.auto_resume in a reused run dir)"
+        )
+    raise RunEndedEarly(
+        f"The benchmark's template run stopped at iteration {trained} of {expected}, so its timed iterations are "
+        f"missing: {cause}."
+    )

@@ -102,11 +102,30 @@ def gradient_norm_seconds(gan, calls: int = 200) -> list[float]:
     return seconds
 
 
-def measure(iterations: int = 120, repeats: int = 2, workdir: Path | None = None) -> dict[str, list[float]]:
-    import lightning as L
+def variant_config(variant: str, iterations: int, output_dir: Path):
+    """The composed config of one run: a template variant (a key of VARIANTS) with the bench clock, or "plain" (the
+    plain loop's networks and data); the tiny DCGAN, no time budget (`harness.compose`)."""
     from omegaconf import open_dict
 
-    from benchmarks.harness import CLOCK_TARGET, IterationClock, compose
+    from benchmarks.harness import CLOCK_TARGET, compose
+
+    extra = ["logger=none"] if variant == "no_loggers" else []
+    cfg = compose([*TINY, f"max_steps={iterations}", *extra], output_dir)
+    if variant == "plain":
+        return cfg
+    with open_dict(cfg):
+        cfg.callbacks.bench_clock = {"_target_": CLOCK_TARGET}
+        if variant in MIXINS:
+            cfg.model._target_ = variant_target(cfg.model._target_, variant)
+        if cfg.get("eval") is not None and "every_n_steps" in cfg.eval:
+            cfg.eval.every_n_steps = 0
+    return cfg
+
+
+def measure(iterations: int = 120, repeats: int = 2, workdir: Path | None = None) -> dict[str, list[float]]:
+    import lightning as L
+
+    from benchmarks.harness import IterationClock, require_every_iteration
     from benchmarks.plain_loop import build_plain_gan, plain_loader, run_plain
     from pixelsmith.builders import build_plan
     from pixelsmith.train import run
@@ -114,20 +133,12 @@ def measure(iterations: int = 120, repeats: int = 2, workdir: Path | None = None
     workdir = workdir or Path("outputs") / "overhead"
     skip = min(10, iterations // 3)
     times: dict[str, list[float]] = {name: [] for name in [*VARIANTS, "plain", NORM]}
-    overrides = [*TINY, f"max_steps={iterations}"]
     for repeat in range(repeats):
         for variant in VARIANTS:
-            extra = ["logger=none"] if variant == "no_loggers" else []
-            cfg = compose(overrides + extra, workdir / f"{repeat}-{variant}")
-            with open_dict(cfg):
-                cfg.callbacks.bench_clock = {"_target_": CLOCK_TARGET}
-                if variant in MIXINS:
-                    cfg.model._target_ = variant_target(cfg.model._target_, variant)
-                if cfg.get("eval") is not None and "every_n_steps" in cfg.eval:
-                    cfg.eval.every_n_steps = 0
-            run(cfg)
+            cfg = variant_config(variant, iterations, workdir / f"{repeat}-{variant}")
+            require_every_iteration(run(cfg), iterations)
             times[variant] += _iteration_times(IterationClock.ends, skip)
-        cfg = compose(overrides, workdir / f"{repeat}-plain")
+        cfg = variant_config("plain", iterations, workdir / f"{repeat}-plain")
         plan = build_plan(cfg)
         L.seed_everything(cfg.seed, verbose=False)
         gan = build_plain_gan(cfg, plan, "fused")

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.child import child_env
-from benchmarks.harness import CLOCK_TARGET, IterationClock, compose
+from benchmarks.harness import CLOCK_TARGET, IterationClock, compose, require_every_iteration
 
 
 def overrides_for(spec: dict[str, Any]) -> list[str]:
@@ -57,7 +57,7 @@ def _run_template(cfg) -> list[float]:
 
     with open_dict(cfg):  # the GAN bench's clock: the same readings for both benches and both kinds
         cfg.callbacks.bench_clock = {"_target_": CLOCK_TARGET}
-    run(cfg)
+    require_every_iteration(run(cfg), int(cfg.max_steps))
     return list(IterationClock.ends)
 
 
@@ -102,14 +102,18 @@ def _run_plain(cfg, iterations: int) -> list[float]:
     return ends
 
 
+def child_config(spec: dict[str, Any]):
+    """The composed config of one run (either kind): the real config tree, outputs in the spec's dir, no time
+    budget (`harness.compose`)."""
+    return compose(overrides_for(spec), Path(spec["output_dir"]))
+
+
 def child_main(spec: dict[str, Any]) -> dict[str, Any]:
     import torch
 
     if spec.get("threads"):
         torch.set_num_threads(int(spec["threads"]))
-    cfg = compose(
-        overrides_for(spec), Path(spec["output_dir"])
-    )  # the real config tree, outputs in a temp dir
+    cfg = child_config(spec)
     iterations = spec["warmup"] + spec["steps"]
     ends = _run_template(cfg) if spec["kind"] == "template" else _run_plain(cfg, iterations)
     timed = ends[spec["warmup"] - 1 : iterations]

@@ -1,5 +1,6 @@
-"""The overhead attribution tool (`benchmarks/overhead.py`) runs every variant and the plain loop, its variants
-really remove what they say (no self.log means no logged metrics) and none of them touches Lightning's classes."""
+"""The overhead attribution tool (`benchmarks/overhead.py`) runs every variant and the plain loop, without the main
+job's time budget; its variants really remove what they say (no self.log means no logged metrics) and none of them
+touches Lightning's classes."""
 
 from __future__ import annotations
 
@@ -41,3 +42,16 @@ def test_variant_classes_subclass_the_configured_model():
     assert issubclass(cls, GANModule) and cls.log is overhead.WithoutLog.log
     assert cls.on_train_batch_start is overhead.WithoutReseed.on_train_batch_start
     assert overhead.variant_target("pixelsmith.gan.module.GANModule", "none") == target  # made once
+
+
+def test_overhead_runs_never_inherit_the_main_jobs_time_budget(tmp_path):
+    configs = {v: overhead.variant_config(v, 120, tmp_path / v) for v in [*overhead.VARIANTS, "plain"]}
+    for variant, cfg in configs.items():
+        assert cfg.train.time_budget_minutes is None and cfg.max_steps == 120, variant
+    # Each variant is the config it claims to be.
+    assert configs["template"].logger and not configs["no_loggers"].logger
+    assert configs["template"].model._target_ == "pixelsmith.gan.module.GANModule"
+    assert configs["none"].model._target_ == overhead.variant_target(
+        "pixelsmith.gan.module.GANModule", "none"
+    )
+    assert "bench_clock" in configs["template"].callbacks and "bench_clock" not in configs["plain"].callbacks

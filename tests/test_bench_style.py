@@ -1,4 +1,5 @@
-"""The style-training bench runs both kinds (template, plain loop) in fresh interpreters and prints their ratio."""
+"""The style-training bench runs both kinds (template, plain loop) in fresh interpreters and prints their ratio,
+without the main job's time budget."""
 
 from __future__ import annotations
 
@@ -23,3 +24,20 @@ def test_the_style_bench_prints_template_and_plain_side_by_side(capsys):
     assert row is not None, out.out
     template, plain, ratio = (float(x) for x in row.groups())
     assert template > 0 and plain > 0 and ratio == pytest.approx(template / plain, abs=2e-3)
+
+
+def test_style_bench_runs_never_inherit_the_main_jobs_time_budget(tmp_path):
+    spec = {
+        "hardware": "cpu",
+        "precision": "32-true",
+        "batch_size": 2,
+        "resolution": 32,
+        "base_channels": 4,
+        "residual_blocks": 1,
+        "warmup": 1,
+        "steps": 2,
+        "threads": None,
+    }
+    for kind in ("template", "plain"):
+        cfg = style_bench.child_config({**spec, "kind": kind, "output_dir": str(tmp_path / kind)})
+        assert cfg.train.time_budget_minutes is None and cfg.max_steps == 3, kind

@@ -2,9 +2,11 @@
 
 It trains every GPU path of the README for a few iterations with the hardware profiles' own defaults (compile and
 channels_last included): each profile (auto, v100, a100, h100) in each precision, each strategy (auto, ddp and fsdp
-on one GPU), each model (DCGAN, StyleGAN2 with lazy R1 through ADA and DiffAugment, style_fast, style_adain), with
-sample grids and FID evaluation between iterations; then `evaluate.py` and `stylize.py device=cuda` on the results,
-and a memory check. Budget: under 10 minutes on one H100 (most of it torch.compile; inductor's on-disk cache makes
+on one GPU), each model (DCGAN, StyleGAN2 with lazy R1 through ADA and DiffAugment, style_fast, style_adain), each
+compile mode (default, reduce-overhead and max-autotune, which must then run as CUDA graphs), with sample grids and
+FID evaluation between iterations; then `evaluate.py` and `stylize.py device=cuda` on the results, and a memory
+check. Every run must compile its own graphs (counted for that run alone, `tests/compile_counts.py`) and has no time
+budget (a cold compile can take minutes). Budget: under 10 minutes on one H100 (most of it torch.compile; inductor's on-disk cache makes
 a second run faster).
 
 `PIXELSMITH_GPU_TESTS_ON_CPU=1 pytest -m gpu` runs the same cases on CPU (cpu profile with compile and
@@ -24,6 +26,7 @@ import torch._dynamo
 from omegaconf import OmegaConf
 
 from pixelsmith.train import run
+from tests.compile_counts import compile_counts
 from tests.conftest import SMALL, compose_config, run_cli
 
 ON_CPU = os.environ.get("PIXELSMITH_GPU_TESTS_ON_CPU") == "1"
@@ -47,7 +50,11 @@ COMMON = [
     "eval.num_samples=256",
     "eval.batch_size=128",
     "eval.reference_samples=512",
+    "train.time_budget_minutes=null",  # a cold compile (max-autotune: minutes) must not end a case early
 ]
+# torch.compile's modes beyond the profiles' `default`: CUDA graphs (reduce-overhead), plus autotuned kernels
+# (max-autotune).
+CUDA_GRAPH_MODES = ("reduce-overhead", "max-autotune")
 GAN_CASES = {
     # profile x precision, each with the profile's own compile/channels_last/cudnn/TF32/fused-Adam settings.
     "auto": ["hardware=auto"],
@@ -94,11 +101,23 @@ GAN_CASES = {
         "augment=ada",
         "augment.initial_p=0.5",
     ],
+    # compile modes: CUDA graphs of G and D with samples and evaluation between iterations (other batch sizes, no_grad)
+    "h100-reduce-overhead": ["hardware=h100", "hardware.compile_mode=reduce-overhead"],
+    "auto-max-autotune": ["hardware=auto", "hardware.compile_mode=max-autotune"],
+    # ... and with lazy R1 through ADA (the R1 forward runs D eagerly, between graph replays)
+    "stylegan2-ada-reduce-overhead": [
+        *SMALL["stylegan2"],
+        "hardware=auto",
+        "augment=ada",
+        "augment.initial_p=0.5",
+        "hardware.compile_mode=reduce-overhead",
+    ],
 }
 STYLE_CASES = {
     "style_fast": ["experiment=style_fast"],
     "style_fast-16-mixed": ["experiment=style_fast", "precision=16-mixed"],
     "style_adain": ["experiment=style_adain"],
+    "style_fast-reduce-overhead": ["experiment=style_fast", "hardware.compile_mode=reduce-overhead"],
 }
 
 
@@ -123,13 +142,20 @@ def _train(overrides: list[str], out) -> dict[str, float]:
     with_r1 = r1 is not None and r1.gamma > 0
     if with_r1:
         r1.interval = 2
-    metrics = run(cfg)
+    with compile_counts() as compiled:
+        metrics = run(cfg)
     plan = json.loads(json.dumps(_resolved(out)["runtime_plan"]))
     assert metrics["iteration"] == 3
     if not ON_CPU:
         assert plan["accelerator"] == "cuda"
     assert plan["compile"] and plan["channels_last"], "the GPU profiles compile and use channels_last"
-    assert torch._dynamo.utils.counters["stats"]["unique_graphs"] > 0, "nothing was compiled"
+    assert plan["compile_mode"] == (cfg.hardware.compile_mode or "default")
+    assert compiled.graphs > 0, "this run compiled nothing"
+    if plan["compile_mode"] in CUDA_GRAPH_MODES and not ON_CPU:
+        assert compiled.cudagraph_skips == 0, (
+            f"compile_mode={plan['compile_mode']}: {compiled.cudagraph_skips} compiled graph(s) ran without CUDA "
+            "graphs; TORCH_LOGS=cudagraphs prints inductor's reasons"
+        )
     finite = {k: v for k, v in metrics.items() if k.startswith("loss/")}
     assert finite and all(math.isfinite(v) for v in finite.values()), finite
     if with_r1:

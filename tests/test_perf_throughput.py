@@ -1,5 +1,6 @@
 """Throughput and MFU: FLOP counts against the convolution formula and against the plain loop, the GPU peak table,
-the cached CPU GEMM peak, and the numbers a breakdown run writes to throughput.json."""
+the cached CPU GEMM peak (measured again when a run outdoes it: never an MFU above 100%), and the numbers a breakdown
+run writes to throughput.json."""
 
 from __future__ import annotations
 
@@ -108,3 +109,38 @@ def test_throughput_json_counts_a_real_iteration_like_the_plain_loop(make_cfg, t
     memory = summary["memory"]
     assert memory["peak_rss_mb"] >= memory["rss_mb"] > 100
     assert summary["img_per_s"]["from_mean_step"] == pytest.approx(16 / (summary["step_ms"]["mean"] / 1000))
+
+
+def test_a_cached_cpu_peak_below_what_a_run_achieved_is_measured_again(make_cfg, tmp_path, monkeypatch):
+    # A peak cached under heavy load: 1 MFLOP/s, far below any run (MFU in the thousands of percent).
+    monkeypatch.setenv("PIXELSMITH_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setattr(flops_mod, "_REMEASURED", set())
+    cpu_peak_flops("fp32", measure=lambda dtype: 1e6)
+    measured = []
+    monkeypatch.setattr(flops_mod, "measure_gemm_flops", lambda dtype: measured.append(dtype) or 1e15)
+    cfg = make_cfg("precision=32-true", "max_steps=5", "profiler=breakdown", "train.sample_every_n_steps=0")
+    run(cfg)
+    summary = json.loads((tmp_path / "run" / "perf" / "throughput.json").read_text())
+    assert measured == [torch.float32]  # measured again once, after training
+    assert summary["peak_tflops"] == pytest.approx(1000.0) and "re-measured" in summary["peak_source"]
+    assert summary["mfu"] == pytest.approx(summary["achieved_tflops"] / 1000.0) and 0 < summary["mfu"] <= 1.0
+    assert cpu_peak_flops("fp32")[0] == 1e15  # the cache keeps the new peak
+
+
+def test_no_mfu_when_the_cpu_peak_stays_below_what_a_run_achieved(tmp_path, monkeypatch):
+    monkeypatch.setenv("PIXELSMITH_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(flops_mod, "_REMEASURED", set())
+    cpu_peak_flops("bf16", measure=lambda dtype: 2e9)
+    measured = []
+
+    def busy_measure(dtype):  # still loaded: 3 GFLOP/s, below the 5 achieved
+        measured.append(dtype)
+        return 3e9
+
+    assert flops_mod.plausible_peak_flops("bf16", 1e9, busy_measure)[0] == 2e9  # plausible: as cached
+    value, source = flops_mod.plausible_peak_flops("bf16", 5e9, busy_measure)
+    assert value is None and source.startswith("no plausible peak") and "3.0 GFLOP/s" in source
+    assert flops_mod.plausible_peak_flops("bf16", 5e9, busy_measure)[0] is None
+    assert measured == [
+        torch.bfloat16
+    ]  # once per process: the second implausible figure costs no measurement
