@@ -16,6 +16,7 @@ from benchmarks import gan_bench
 from benchmarks.gan_bench import (
     DEFAULT_CELLS,
     Cell,
+    bench_kinds,
     build_cells,
     child_config,
     parse_args,
@@ -207,6 +208,18 @@ def test_every_early_stop_is_named(metrics, expected_words):
         require_every_iteration(metrics, 13)
     assert all(word in str(caught.value) for word in expected_words), str(caught.value)
     require_every_iteration({**metrics, "iteration": 13.0}, 13)  # a complete run passes
+
+
+def test_on_cuda_the_template_also_runs_with_its_own_cuda_graphs(tmp_path, monkeypatch):
+    """Four kinds on a CUDA machine: the template eager and with hardware.cuda_graphs, the plain loop eager and
+    captured by hand, so each template column has a plain counterpart in the same execution mode."""
+    monkeypatch.setattr(gan_bench, "_cuda_available", lambda: True)
+    assert bench_kinds(parse_args([])) == ["template", "plain", "template_graphed", "graphed"]
+    assert bench_kinds(parse_args(["--no-plain"])) == ["template", "template_graphed"]
+    monkeypatch.setattr(gan_bench, "_cuda_available", lambda: False)
+    assert bench_kinds(parse_args([])) == ["template", "plain"]
+    assert child_config(_spec(tmp_path, "template_graphed")).hardware.cuda_graphs is True
+    assert child_config(_spec(tmp_path, "template")).hardware.cuda_graphs is False
 
 
 def _without_native_bf16(monkeypatch, native: bool, cuda: bool = False) -> None:
