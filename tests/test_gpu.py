@@ -144,7 +144,9 @@ def _on_device(overrides: list[str]) -> list[str]:
         return overrides
     # The dry run: the cpu profile with the GPU profiles' compile and channels_last, fp32 where the case says bf16.
     kept = [o for o in overrides if not o.startswith("hardware=")]
-    return [*kept, "hardware=cpu", "hardware.compile=true", "hardware.channels_last=true"]
+    # The GPU profiles' CUDA graphs too, unless the case sets them (uncaptured on CPU: the graphed code path).
+    graphs = [] if any(o.startswith("hardware.cuda_graphs=") for o in kept) else ["hardware.cuda_graphs=true"]
+    return [*kept, "hardware=cpu", "hardware.compile=true", "hardware.channels_last=true", *graphs]
 
 
 def _config(overrides: list[str], out):
