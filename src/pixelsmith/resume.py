@@ -28,8 +28,7 @@ import yaml
 from omegaconf import DictConfig, OmegaConf
 
 from pixelsmith.errors import PixelsmithError
-
-RUN_MARKER = "config_resolved.yaml"  # as pixelsmith.run_dir: a run dir that holds a run
+from pixelsmith.run_dir import RUN_MARKER
 
 
 class CheckpointMismatchError(PixelsmithError):
