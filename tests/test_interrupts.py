@@ -335,15 +335,24 @@ def test_ctrl_c_to_a_style_run_with_loader_workers_exits_130_with_last_ckpt(tmp_
     assert _iteration(run_dir / "checkpoints" / "last.ckpt") == stopped < 400
 
 
+def _rank_1_of(proc: subprocess.Popen) -> int:
+    """The pid of the rank Lightning's launcher started: rank 0's child that runs train.py."""
+    children = Path(f"/proc/{proc.pid}/task/{proc.pid}/children").read_text().split()
+    ranks = [int(pid) for pid in children if b"train.py" in Path(f"/proc/{pid}/cmdline").read_bytes()]
+    assert len(ranks) == 1, children
+    return ranks[0]
+
+
 @pytest.mark.slow
-def test_ctrl_c_to_rank_0_of_two_processes_stops_both_at_one_iteration_with_last_ckpt(tmp_path):
-    """As SIGTERM (tests/test_cluster.py): the ranks agree at the next check (every 2 iterations here), both stop
-    there, last.ckpt holds that iteration; the status is 130."""
+@pytest.mark.parametrize("rank", [0, 1])
+def test_ctrl_c_to_one_rank_of_two_processes_stops_both_at_one_iteration_with_last_ckpt(tmp_path, rank):
+    """As SIGTERM (tests/test_cluster.py), whichever rank gets it: the ranks agree at the next check (every 2
+    iterations here), both stop there, last.ckpt holds that iteration; the run's status (rank 0's) is 130."""
     run_dir = tmp_path / "run"
     proc = _ddp_training_until_its_first_checkpoint(
         run_dir, "train.preemption.check_every_n_steps=2", "callbacks.ddp_check.every_n_steps=2"
     )
-    proc.send_signal(signal.SIGINT)
+    os.kill(proc.pid if rank == 0 else _rank_1_of(proc), signal.SIGINT)
     output, _ = proc.communicate(timeout=120)
     assert proc.returncode == 130, output[-4000:]
     stopped = int(re.search(r"training stopped at the end of iteration (\d+)", output).group(1))
