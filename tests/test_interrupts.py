@@ -189,6 +189,7 @@ def test_resuming_with_another_model_or_z_size_is_refused_at_start_up_naming_the
     with pytest.raises(CheckpointMismatchError) as info:
         run(make_cfg(*SHORT, "max_steps=4", "model.generator.z_dim=64", f"ckpt_path={last}", output="z64"))
     assert "model.generator.z_dim: 100 in the checkpoint, 64 here" in str(info.value)
+    assert "this run's command with model.generator.z_dim=100 " in str(info.value)  # how to resume it
     assert "model:" not in str(info.value)  # the same model: only the key that differs
     assert _nothing_written(tmp_path / "z64")
 

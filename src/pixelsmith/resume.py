@@ -254,28 +254,50 @@ def mismatch_error(
     )
     return CheckpointMismatchError(
         f"{where} {cause}, so its weights cannot be loaded. To resume it, run with the checkpoint's own "
-        f"settings, {_own_settings(path, stored)}; to train this model instead, {afresh}."
+        f"settings, {_own_settings(path, stored, cfg)}; to train this model instead, {afresh}."
     )
 
 
-def _own_settings(path: Path, stored: Mapping[str, Any] | None) -> str:
-    """How to run with the checkpoint's settings: its run's own overrides when its run dir still has them."""
-    overrides_file = path.parent.parent / ".hydra" / "overrides.yaml"
-    if path.parent.name == "checkpoints" and overrides_file.is_file():
+def _own_settings(path: Path, stored: Mapping[str, Any] | None, cfg: DictConfig) -> str:
+    """How to run with the checkpoint's settings: the command of the run that wrote it, where its run dir still has
+    that run's overrides; else this run's command with the checkpoint's values of the keys that differ."""
+    run_dir = path.parent.parent
+    overrides_file = run_dir / ".hydra" / "overrides.yaml"
+    # In this run's own dir (train.auto_resume) Hydra has already replaced that file with this run's overrides.
+    this_run = run_dir.resolve() == Path(str(cfg.paths.output_dir)).resolve()
+    if path.parent.name == "checkpoints" and overrides_file.is_file() and not this_run:
         try:
             overrides = [str(o) for o in yaml.safe_load(overrides_file.read_text()) or []]
         except (OSError, yaml.YAMLError):
             overrides = None
         if overrides is not None:
-            kept = [o for o in overrides if _key(o) not in ("ckpt_path", "max_steps")]
+            kept = [o for o in overrides if _key(o) != "ckpt_path"]
             return "the command that wrote it: " + " ".join(
                 [_program(), *map(shlex.quote, kept), shlex.quote(f"ckpt_path={path}")]
             )
-    name = _model_name(stored or {})
-    return (
-        f"model={name} and the values stored in it (its config is the checkpoint's 'pixelsmith_config', and the "
-        f"config_resolved.yaml of the run that wrote it)"
-    )
+    current = OmegaConf.to_container(cfg, resolve=True)
+    own = {}
+    if _model_name(stored or {}) != _model_name(current):
+        own["model"] = _model_name(stored or {})
+    flat_stored, flat_current = _shaping(_flatten(stored or {})), _shaping(_flatten(current))
+    for key, value in flat_stored.items():
+        another_model = "model" in own and key.startswith("model.")  # model=<name> brings its own keys
+        if (
+            not another_model
+            and key in flat_current
+            and flat_current[key] != value
+            and not key.endswith("_target_")
+        ):
+            own[key] = _override_value(value)
+    stored_where = "its 'pixelsmith_config', also the config_resolved.yaml of the run that wrote it"
+    if not own:
+        return f"the settings stored in it ({stored_where})"
+    given = " ".join(f"{key}={value}" for key, value in own.items())
+    return f"this run's command with {given} (the values stored in it: {stored_where})"
+
+
+def _override_value(value: Any) -> str:
+    return "null" if value is None else str(value).lower() if isinstance(value, bool) else str(value)
 
 
 def explain_load_error(
