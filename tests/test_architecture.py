@@ -31,6 +31,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("gan", "style"),  # the models
     ("metrics",),  # evaluation: reads the data, reuses the style loss's Gram matrix
     ("callbacks", "loggers", "report", "run_dir", "optuna_report"),
+    ("resume",),  # the checks before a resume, the command that resumes (reads run_dir's marker)
     ("config",),  # the root schema: registers every part's schema (each beside its code), validates ranges
     ("train", "sweep_summary"),  # builds and fits a run
     ("evaluate", "entry"),

@@ -1,8 +1,10 @@
 """What every Hydra entry point does around its job: one-paragraph errors, and multirun jobs that fail alone.
 
 A PixelsmithError (bad config value, missing file or weights, impossible hardware request) is logged as its message,
-without a traceback, and the process exits with status 2. A run ended by a preemption signal (core/preemption.py)
-exits with 128 + the signal's number once its last.ckpt is written. In a multirun the failing job writes
+without a traceback, and the process exits with status 2. A run ended by a preemption signal or Ctrl-C
+(core/preemption.py) exits with 128 + the signal's number once its last.ckpt is written (130 for Ctrl-C, also where a
+Ctrl-C stopped it at once), printing the command that resumes; a resume of a checkpoint already at max_steps says so
+and exits with 0 (pixelsmith.resume). In a multirun the failing job writes
 `failed.json` in its dir and returns NaN so the other jobs still run; `pixelsmith.sweep_summary` tabulates them at the
 end. A multirun job whose `hardware=auto` was detected on another machine (a SLURM job composed on the login node)
 stops naming the profile to give (`pixelsmith.hardware.check_detected_here`).
@@ -25,10 +27,11 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
-from pixelsmith.core.preemption import RunPreempted
+from pixelsmith.core.preemption import RunPreempted, StoppedAtOnce
 from pixelsmith.errors import PixelsmithError
 from pixelsmith.hardware import check_detected_here
 from pixelsmith.launch import global_rank, started_by_lightning_launcher
+from pixelsmith.resume import AlreadyFinished, checkpoint_iteration, continue_command
 
 log = logging.getLogger("pixelsmith")
 
@@ -132,6 +135,17 @@ def guarded_run(job: Callable[[DictConfig], dict[str, Any]], cfg: DictConfig, ob
             if explained is None:
                 raise
             raise explained from err
+    except StoppedAtOnce as err:
+        log.warning("%s", stopped_at_once_message(err, cfg))
+        if _is_multirun():
+            _record(output_dir, {"status": "failed", "error": f"stopped at once: {err.when}"})
+        sys.exit(0 if started_by_lightning_launcher() else err.exit_code)
+    except AlreadyFinished as err:
+        log.warning("%s", err)
+        if _is_multirun():
+            _record(output_dir, {"status": "failed", "error": str(err)})
+            return math.nan
+        sys.exit(err.exit_code)
     except RunPreempted as err:
         log.warning("%s", err)
         if _is_multirun():
@@ -163,6 +177,24 @@ def guarded_run(job: Callable[[DictConfig], dict[str, Any]], cfg: DictConfig, ob
     if _is_multirun():
         _record(output_dir, {"status": "ok", "objective": objective, "value": value, "metrics": metrics})
     return value
+
+
+def stopped_at_once_message(err: StoppedAtOnce, cfg: DictConfig) -> str:
+    """One paragraph for a run Ctrl-C stopped at once: why at once, which checkpoint is intact, how to go on."""
+    output_dir = Path(cfg.paths.output_dir)
+    last = output_dir / "checkpoints" / "last.ckpt"
+    iteration = checkpoint_iteration(last) if last.is_file() else None
+    if iteration is not None:
+        kept = f"{last} (iteration {iteration}) is intact"
+    else:
+        given = OmegaConf.select(cfg, "ckpt_path")
+        kept = "no checkpoint of this run had been written" + (f"; {given} is untouched" if given else "")
+    command = continue_command(output_dir, bool(OmegaConf.select(cfg, "train.auto_resume", default=True)))
+    go_on = f" Go on with: {command}" if command else ""
+    return (
+        f"Stopped at once: {err.when}, so nothing more was written (a checkpoint being written was discarded, "
+        f"never left half-written); {kept}. Exiting with status {err.exit_code} (128 + SIGINT).{go_on}"
+    )
 
 
 def _record(output_dir: Path, payload: dict[str, Any]) -> None:

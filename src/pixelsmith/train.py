@@ -24,7 +24,12 @@ from pixelsmith.builders import build_core_settings, build_datamodule, build_mod
 from pixelsmith.callbacks.host_sync import HostSyncCheck
 from pixelsmith.config.validate import validate_config
 from pixelsmith.core.fsdp import MultiNetworkFSDPStrategy
-from pixelsmith.core.preemption import RunPreempted, requeue_slurm_job, signal_number
+from pixelsmith.core.preemption import (
+    RunPreempted,
+    ctrl_c_stops_at_once,
+    requeue_slurm_job,
+    signal_number,
+)
 from pixelsmith.core.strategy import MultiNetworkDDPStrategy
 from pixelsmith.errors import PixelsmithError
 from pixelsmith.hardware import RuntimePlan, apply_plan
@@ -34,6 +39,13 @@ from pixelsmith.loggers.csv import align_metrics_with_resume
 from pixelsmith.perf import build_callbacks as build_perf_callbacks
 from pixelsmith.perf import prepare_run as prepare_perf
 from pixelsmith.report import write_run_report
+from pixelsmith.resume import (
+    check_not_finished,
+    check_weights_fit,
+    continue_command,
+    explain_load_error,
+    open_checkpoint,
+)
 from pixelsmith.run_dir import claim_run_dir
 
 log = logging.getLogger(__name__)
@@ -161,31 +173,8 @@ def dead_ranks_of(trainer: L.Trainer) -> list[tuple[int, int, int]]:
 
 
 def _check_resume_path(ckpt_path: str | None) -> str | None:
-    return _resume_point(ckpt_path)[0]
-
-
-def _resume_point(ckpt_path: str | None) -> tuple[str | None, int | None]:
-    """The checkpoint to resume from, checked, and its iteration (None, None without one)."""
-    if ckpt_path is None:
-        return None, None
-    path = Path(ckpt_path).expanduser()
-    if not path.is_file():
-        raise PixelsmithError(
-            f"ckpt_path={ckpt_path!r} does not exist. Resume from a run's checkpoints/last.ckpt (or a step_*.ckpt), "
-            "e.g. ckpt_path=outputs/train/runs/<date>/checkpoints/last.ckpt."
-        )
-    try:
-        # Pixelsmith checkpoints hold tensors and plain containers only; anything else needs full unpickling, which
-        # can run code, so it is refused here rather than loaded silently with weights_only=False.
-        state = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
-    except Exception as err:
-        raise PixelsmithError(
-            f"ckpt_path={ckpt_path!r} does not load as a Pixelsmith checkpoint with torch.load(weights_only=True) "
-            f"({type(err).__name__}: {str(err).splitlines()[0][:200] if str(err) else ''}). Resume from a "
-            "checkpoint written by train.py (a run's checkpoints/last.ckpt or step_*.ckpt); a checkpoint from "
-            "another project needs converting to a plain state dict first."
-        ) from err
-    return str(path), int((state.get("pixelsmith") or {}).get("iteration", 0))
+    """The checkpoint path, checked to load (None without one); for evaluate.py."""
+    return str(open_checkpoint(ckpt_path)[0]) if ckpt_path is not None else None
 
 
 def _quiet_library_logging() -> None:
@@ -220,19 +209,26 @@ def _fit(cfg: DictConfig) -> dict[str, Any]:
     validate_config(cfg)  # ranges, before anything is written
     plan = build_plan(cfg)
     output_dir = Path(cfg.paths.output_dir)
-    # Before anything is written: lock the run dir, refuse one another run owns, or resume the run it holds.
-    claim = claim_run_dir(output_dir, cfg.get("ckpt_path"), cfg.train.auto_resume, cfg.train.overwrite)
-    try:
-        return _fit_in(cfg, plan, output_dir, claim.ckpt_path)
-    finally:
-        claim.release()
+    # Ctrl-C in set-up (or after the last iteration) stops at once; in the loop it ends the iteration and saves.
+    with ctrl_c_stops_at_once("SIGINT" in {str(name).upper() for name in cfg.train.preemption.signals}):
+        # Before anything is written: lock the run dir, refuse one another run owns, or resume the run it holds.
+        claim = claim_run_dir(output_dir, cfg.get("ckpt_path"), cfg.train.auto_resume, cfg.train.overwrite)
+        try:
+            auto_resumed = cfg.get("ckpt_path") is None and claim.ckpt_path is not None
+            return _fit_in(cfg, plan, output_dir, claim.ckpt_path, auto_resumed)
+        finally:
+            claim.release()
 
 
-def _fit_in(cfg: DictConfig, plan: RuntimePlan, output_dir: Path, ckpt_path: str | None) -> dict[str, Any]:
-    ckpt_path, resume_iteration = _resume_point(ckpt_path)
-    if launch_global_rank() == 0:
-        # Before any logger opens it: metrics.csv holds this run's history up to the resumed iteration only.
-        align_metrics_with_resume(output_dir / "metrics.csv", resume_iteration)
+def _fit_in(
+    cfg: DictConfig, plan: RuntimePlan, output_dir: Path, ckpt_path: str | None, auto_resumed: bool
+) -> dict[str, Any]:
+    # The resume checkpoint is checked before anything is written: it loads, it is not finished, its weights fit.
+    checkpoint = resume_iteration = None
+    if ckpt_path is not None:
+        path, checkpoint = open_checkpoint(ckpt_path, auto_resumed)
+        ckpt_path, resume_iteration = str(path), int(checkpoint["pixelsmith"].get("iteration", 0))
+        check_not_finished(path, resume_iteration, cfg.max_steps, auto_resumed)
     apply_plan(plan)  # the plan's process-wide switches, the one place they are set
     if plan.compile:
         # Dynamo's caches outlive a run: in an in-process sweep, later jobs' networks would hit the recompile limit
@@ -243,6 +239,12 @@ def _fit_in(cfg: DictConfig, plan: RuntimePlan, output_dir: Path, ckpt_path: str
     core = build_core_settings(cfg, plan)
     datamodule = build_datamodule(cfg, plan)
     model = build_model(cfg, core)
+    if checkpoint is not None:
+        check_weights_fit(model, checkpoint, Path(ckpt_path), cfg, auto_resumed)
+        del checkpoint  # memory-mapped: Lightning loads it again
+    if launch_global_rank() == 0:
+        # Before any logger opens it: metrics.csv holds this run's history up to the resumed iteration only.
+        align_metrics_with_resume(output_dir / "metrics.csv", resume_iteration)
     trainer = build_trainer(cfg, plan)
     if trainer.is_global_zero:
         output_dir.mkdir(parents=True, exist_ok=True)
@@ -274,6 +276,9 @@ def _fit_in(cfg: DictConfig, plan: RuntimePlan, output_dir: Path, ckpt_path: str
         # (a bad value, an out-of-memory) is the one to show.
         dead = [] if isinstance(err, PixelsmithError | MemoryError) else dead_ranks_of(trainer)
         if not dead:
+            explained = explain_load_error(err, ckpt_path, cfg)  # a mismatch only the load itself found
+            if explained is not None:
+                raise explained from err
             raise
         raise RankDiedError(dead, output_dir, err) from err
     metrics = {
@@ -299,7 +304,10 @@ def _fit_in(cfg: DictConfig, plan: RuntimePlan, output_dir: Path, ckpt_path: str
         if callable(getattr(callback, "final_metrics", None)):
             metrics.update(callback.final_metrics())
     if trainer.is_global_zero:
-        (output_dir / "final_metrics.json").write_text(json.dumps(metrics, indent=2, sort_keys=True))
+        # Whole or not at all: a Ctrl-C here stops at once (core/preemption.py).
+        partial = output_dir / ".final_metrics.json.partial"
+        partial.write_text(json.dumps(metrics, indent=2, sort_keys=True))
+        os.replace(partial, output_dir / "final_metrics.json")
         try:
             write_run_report(output_dir)  # report.html: curves, samples, perf, config in one offline page
         except Exception as err:  # a report must never cost a finished run its result
@@ -309,5 +317,10 @@ def _fit_in(cfg: DictConfig, plan: RuntimePlan, output_dir: Path, ckpt_path: str
         requeue = cfg.train.preemption.requeue and model.preempted_by in requeue_on
         if trainer.is_global_zero and requeue and under_slurm_job():
             requeue_slurm_job()
-        raise RunPreempted(model.preempted_by, model.iteration, str(output_dir / "checkpoints" / "last.ckpt"))
+        raise RunPreempted(
+            model.preempted_by,
+            model.iteration,
+            str(output_dir / "checkpoints" / "last.ckpt"),
+            continue_command(output_dir, cfg.train.auto_resume),
+        )
     return metrics

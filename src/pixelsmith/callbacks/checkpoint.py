@@ -8,7 +8,8 @@ crash leaves either the previous complete file or the new complete file, never h
 `last.ckpt` is written first and the periodic `step_N.ckpt` is a hard link to the same file (a copy where the
 filesystem has no links), so a run killed during its first checkpoint still has a complete `last.ckpt` or none, and
 resuming from `last.ckpt` always works. Partial files a killed run left behind are removed when the next run starts in
-that directory. A full disk or a read-only output directory stops the run with one paragraph naming the path.
+that directory. A full disk or a read-only output directory stops the run with one paragraph naming the path, and a
+second Ctrl-C in the middle of a write removes the partial file and leaves the previous `last.ckpt` as it was.
 """
 
 from __future__ import annotations
@@ -68,6 +69,12 @@ class IterationCheckpoint(Callback):
             if trainer.is_global_zero:
                 tmp.unlink(missing_ok=True)
             raise _explain_write_error(err, self.dirpath) from err
+        except BaseException:
+            # A second Ctrl-C (core/preemption.py) stops in the middle of the write: the partial file goes, the
+            # previous last.ckpt was never touched.
+            if trainer.is_global_zero:
+                tmp.unlink(missing_ok=True)
+            raise
         self._last_saved_iteration = iteration
 
     def _publish(self, tmp: Path, iteration: int, periodic: bool) -> None:

@@ -73,8 +73,8 @@ class EMAConfig:
 class PreemptionConfig:
     """Signals that end the run after the current iteration with last.ckpt, exiting 128 + signal (core/preemption.py)."""
 
-    # the signals that end the run with last.ckpt; [] keeps the default handlers
-    signals: list[str] = field(default_factory=lambda: ["SIGTERM", "SIGUSR1", "SIGUSR2"])
+    # the signals that end the run with last.ckpt (SIGINT: Ctrl-C, exit 130); [] keeps the default handlers
+    signals: list[str] = field(default_factory=lambda: ["SIGINT", "SIGTERM", "SIGUSR1", "SIGUSR2"])
     # under SLURM: `scontrol requeue` the job (it comes back to the same run dir and resumes) ...
     requeue: bool = True
     # ... for these signals (not SIGTERM: `scancel` sends it, and a job the user cancelled must stay cancelled)

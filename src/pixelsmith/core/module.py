@@ -45,7 +45,7 @@ from pixelsmith.core.graphs import IterationGraphs
 from pixelsmith.core.host_reads import host_reads_allowed
 from pixelsmith.core.optim import build_optimizer, optimizer_factory
 from pixelsmith.core.precision import MixedPrecision
-from pixelsmith.core.preemption import PreemptionSignals
+from pixelsmith.core.preemption import PreemptionSignals, stop_message
 from pixelsmith.core.schedules import build_scheduler
 from pixelsmith.errors import PixelsmithError
 
@@ -645,12 +645,7 @@ class TrainingCore(L.LightningModule):
                 self._check_guard()
         self._host_synced_this_iteration = False
         if self.preempted_by is not None:
-            log.warning(
-                "%s received: training stops at the end of iteration %d to write checkpoints/last.ckpt "
-                "(train.preemption).",
-                signal.Signals(self.preempted_by).name,
-                iteration,
-            )
+            log.warning("%s", stop_message(self.preempted_by, iteration))
         elif last and iteration < self.core.max_steps:
             budget.stop(iteration)
             log.info(
@@ -707,7 +702,8 @@ class TrainingCore(L.LightningModule):
         # the run at an iteration boundary with last.ckpt instead of Lightning's mid-iteration stop.
         if getattr(self.trainer, "received_sigterm", False) and signal.SIGTERM in self.preemption.signals:
             self.preemption.received = signal.SIGTERM  # it came during set-up, to Lightning's handler
-        self.preemption.install()
+        # After the last iteration a Ctrl-C has no iteration to finish: it stops at once (core/preemption.py).
+        self.preemption.install(training_over=lambda: self.trainer.should_stop)
         epoch_loop = self.trainer.fit_loop.epoch_loop
         ours = signal.SIGTERM in self.preemption.signals
         if ours and self.world_size > 1 and hasattr(epoch_loop, "_broadcast_sigterm_tensor"):

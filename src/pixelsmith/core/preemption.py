@@ -15,6 +15,12 @@ the status of a process the signal ended, which schedulers read as "interrupted,
 `train.preemption.requeue_on` (SLURM's and submitit's warnings, not SIGTERM: `scancel` sends that and a cancelled job
 must stay cancelled) the job first requeues itself (`scontrol requeue`); the requeued job keeps its id, so its run dir
 (`outputs/train/runs/slurm-<id>`) and `train.auto_resume` bring it back to `last.ckpt`.
+
+Ctrl-C (SIGINT, in `train.preemption.signals` by default) takes the same path and exits 130, with the command that
+resumes. Ctrl-C where there is no iteration to finish stops at once instead (`StoppedAtOnce`): during set-up, after
+the last iteration (the final checkpoint, evaluation and report), or a second Ctrl-C while the first one's iteration
+ends or its checkpoint is written. Every checkpoint is written next to its final name and renamed into place
+(callbacks/checkpoint.py), so stopping in the middle of one leaves the previous `last.ckpt` as it was.
 """
 
 from __future__ import annotations
@@ -24,7 +30,8 @@ import os
 import signal
 import subprocess
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 
 import torch
 
@@ -35,18 +42,74 @@ log = logging.getLogger(__name__)
 
 
 class RunPreempted(PixelsmithError):
-    """Training stopped on a preemption signal after writing last.ckpt; the process exits with 128 + signal."""
+    """Training stopped on a preemption signal or Ctrl-C after writing last.ckpt; the process exits with 128 + signal.
+    `resume` is the command that resumes (None where it is unknown: a run started from Python)."""
 
-    def __init__(self, signum: int, iteration: int, checkpoint: str):
+    def __init__(self, signum: int, iteration: int, checkpoint: str, resume: str | None = None):
         self.signum = signum
         self.exit_code = 128 + signum
         name = signal.Signals(signum).name
+        # The command last, with no full stop after it, so that it can be copied as it stands.
+        how = (
+            f"Resume with: {resume}" if resume else f"Resume with the same command and ckpt_path={checkpoint}"
+        )
+        if signum == signal.SIGINT:
+            super().__init__(
+                f"Interrupted by Ctrl-C (SIGINT): training stopped at the end of iteration {iteration} and wrote "
+                f"{checkpoint}; exiting with status {self.exit_code} (128 + SIGINT). {how}"
+            )
+            return
         super().__init__(
             f"Preempted by {name}: training stopped at the end of iteration {iteration} and wrote {checkpoint}. "
             f"Exiting with status {self.exit_code} (128 + {name}) so the scheduler runs the job again; the new run "
-            "resumes from that checkpoint by itself when it uses the same run dir (train.auto_resume), or pass "
-            f"ckpt_path={checkpoint}."
+            f"resumes from that checkpoint by itself when it uses the same run dir (train.auto_resume). {how}"
         )
+
+
+class StoppedAtOnce(BaseException):
+    """Ctrl-C with no iteration left to finish, or a second one: the run stops where it is, writing nothing more.
+
+    A BaseException, as KeyboardInterrupt is, so that no `except Exception` on its way swallows it; not a
+    KeyboardInterrupt, which Lightning's `fit` turns into "graceful shutdown" and exit status 1. The entry point
+    (pixelsmith.entry) says which checkpoint is intact and exits with 130."""
+
+    exit_code = 128 + signal.SIGINT
+
+    def __init__(self, when: str):
+        super().__init__(when)
+        self.when = when
+
+
+def stop_message(signum: int, iteration: int) -> str:
+    """The line logged at the end of the iteration a signal stops."""
+    if signum == signal.SIGINT:
+        return (
+            f"Ctrl-C received: training stops at the end of iteration {iteration} and writes checkpoints/last.ckpt. "
+            "Ctrl-C again stops at once without it (the checkpoints written before stay as they are)."
+        )
+    name = signal.Signals(signum).name
+    return (
+        f"{name} received: training stops at the end of iteration {iteration} to write checkpoints/last.ckpt "
+        "(train.preemption)."
+    )
+
+
+def _stop_at_once_outside_the_loop(signum: int, frame) -> None:
+    raise StoppedAtOnce("Ctrl-C came outside the training loop (during set-up, or after the last iteration)")
+
+
+@contextmanager
+def ctrl_c_stops_at_once(enabled: bool) -> Iterator[None]:
+    """Within the block (a run's set-up and its end), Ctrl-C stops at once with StoppedAtOnce; the training loop
+    installs its own handler over this one (PreemptionSignals)."""
+    if not enabled or threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGINT, _stop_at_once_outside_the_loop)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 class PreemptionSignals:
@@ -56,10 +119,13 @@ class PreemptionSignals:
         self.signals = [signal_number(name) for name in signals]
         self.received: int | None = None
         self._previous: dict[int, object] = {}
+        self._training_over: Callable[[], bool] = lambda: False
 
-    def install(self) -> None:
+    def install(self, training_over: Callable[[], bool] | None = None) -> None:
+        """`training_over()`: True once the last iteration has ended (a Ctrl-C then has none to finish)."""
         if threading.current_thread() is not threading.main_thread():
             return  # Python only lets the main thread set handlers (a test running fit in a thread)
+        self._training_over = training_over or (lambda: False)
         for signum in self.signals:
             self._previous[signum] = signal.signal(signum, self._record)
 
@@ -71,6 +137,12 @@ class PreemptionSignals:
         self._previous = {}
 
     def _record(self, signum: int, frame) -> None:
+        if signum == signal.SIGINT and self.received is not None:
+            raise StoppedAtOnce("a second Ctrl-C came before the first one's checkpoint was complete")
+        if signum == signal.SIGINT and self._training_over():
+            raise StoppedAtOnce(
+                "Ctrl-C came after the last iteration (during the final checkpoint, evaluation or samples)"
+            )
         if self.received is None:
             self.received = signum
 

@@ -1,10 +1,16 @@
 """Base datamodule: global batch -> per-rank loader batch, the resumable sampler, and the loader settings
-(workers, pinned memory, persistent workers, prefetch) that the hardware profile chooses."""
+(workers, pinned memory, persistent workers, prefetch) that the hardware profile chooses. Loader workers ignore
+Ctrl-C, which the training process handles for them (`worker_ignoring_ctrl_c`)."""
 
 from __future__ import annotations
 
+import os
+import signal
+from functools import partial
+
 import lightning as L
 import torch
+from lightning.fabric.utilities.seed import pl_worker_init_function
 from torch.utils.data import DataLoader, Dataset
 
 from pixelsmith.data.on_device import DeviceResidentBatches
@@ -14,6 +20,16 @@ from pixelsmith.errors import PixelsmithError
 
 class BatchSizeError(PixelsmithError, ValueError):
     pass
+
+
+def worker_ignoring_ctrl_c(worker_id: int, rank: int) -> None:
+    """A loader worker's start. Ctrl-C in a terminal reaches every process of the group, workers included, and a
+    worker ends on it; the training process would then fail on a dead worker instead of finishing its iteration
+    and writing last.ckpt (core/preemption.py). The workers leave it to the training process, which ends them.
+    Then Lightning's own per-worker seeding, which it adds only to a loader without a `worker_init_fn`."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    if int(os.environ.get("PL_SEED_WORKERS", 0)):
+        pl_worker_init_function(worker_id, rank=rank)
 
 
 def per_rank_batch(global_batch: int, world_size: int, accumulate: int) -> int:
@@ -87,5 +103,6 @@ class ImageDataModule(L.LightningDataModule):
             pin_memory=self.pin_memory,
             persistent_workers=self.persistent_workers and workers > 0,
             prefetch_factor=self.prefetch_factor if workers > 0 else None,
+            worker_init_fn=partial(worker_ignoring_ctrl_c, rank=rank) if workers > 0 else None,
             drop_last=False,
         )

@@ -177,5 +177,6 @@ class StyleContentDataModule(ImageDataModule):
             pin_memory=base.pin_memory,
             persistent_workers=base.persistent_workers,
             prefetch_factor=base.prefetch_factor,
+            worker_init_fn=base.worker_init_fn,  # workers ignore Ctrl-C (data/base.py)
             drop_last=False,
         )
