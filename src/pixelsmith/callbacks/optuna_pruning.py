@@ -1,19 +1,20 @@
 """Optuna pruning from inside a sweep job: report each evaluation to the job's trial, stop a trial that is doing worse.
 
-hydra-optuna-sweeper asks the study for trials, runs one job per trial and tells the study the job's final value; it
-never hands the trial to the job. This callback (added by `hparams_search=gan_optuna`) opens the same study from its
-storage, finds its own trial (the running trial whose parameters are exactly this job's overrides, formatted as the
-sweeper formats them), reports the monitored score of every evaluation (`eval.monitor`, FID by default) at its
-iteration, and asks the study's pruner (a median pruner: worse than the median of earlier trials at the same
-iteration, after `n_startup_trials` complete ones and `n_warmup_steps` iterations). A pruned trial stops training
-there; its final evaluation and checkpoint still run, and the value the sweeper records is its best score so far
-(the sweeper can only record a trial as complete or failed). Under several processes rank 0 decides and the others
-follow (a broadcast at evaluation iterations only).
+The `pixelsmith_optuna` sweeper (src/hydra_plugins/pixelsmith_optuna_sweeper) asks the study for trials, runs one
+job per trial, and tells the study each job's outcome; it hands each job its trial's number in the environment
+(TRIAL_NUMBER_ENV). This callback (added by `hparams_search=gan_optuna`) opens the same study from its storage, takes
+that trial, reports the monitored score of every evaluation (`eval.monitor`, FID by default) at its iteration, and
+asks a median pruner (worse than the median of earlier complete trials at the same iteration, after
+`n_startup_trials` complete ones and `n_warmup_steps` iterations). A pruned trial stops training there and marks its
+trial (PRUNED_AT_ATTR): its final evaluation and checkpoint still run, and the sweeper records the trial as PRUNED,
+with the score of the evaluation that pruned it. Under several processes rank 0 decides and the others follow (a
+broadcast at evaluation iterations only).
 """
 
 from __future__ import annotations
 
 import logging
+import os
 from typing import Any
 
 from lightning.pytorch.callbacks import Callback
@@ -23,15 +24,12 @@ from pixelsmith.errors import PixelsmithError
 log = logging.getLogger(__name__)
 
 
-def find_trial(study: Any, overrides: list[str]) -> Any | None:
-    """The running trial whose parameters are among `overrides` ("name=value", as the sweeper writes them)."""
+def find_trial(study: Any, number: int) -> Any | None:
+    """The study's running trial with this number (None: no such trial, or it has finished)."""
     from optuna.trial import TrialState
 
-    given = set(overrides)
-    for trial in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
-        if trial.params and all(f"{name}={value}" in given for name, value in trial.params.items()):
-            return trial
-    return None
+    running = study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
+    return next((trial for trial in running if trial.number == number), None)
 
 
 class OptunaPruning(Callback):
@@ -58,11 +56,21 @@ class OptunaPruning(Callback):
             return
         try:
             import optuna
-            from hydra.core.hydra_config import HydraConfig
+
+            from hydra_plugins.pixelsmith_optuna_sweeper.optuna_sweeper import TRIAL_NUMBER_ENV
         except ImportError as err:
             raise PixelsmithError(
-                'hparams_search needs the sweeps extra: pip install -e ".[sweeps]" (hydra-optuna-sweeper).'
+                'hparams_search needs the sweeps extra (Optuna): pip install -e ".[sweeps]".'
             ) from err
+        number = os.environ.get(TRIAL_NUMBER_ENV)
+        if number is None:
+            log.warning(
+                "Optuna pruning: this job was not started by the pixelsmith_optuna sweeper (no %s; a run without -m, "
+                "or another sweeper), so it has no trial to report to; no pruning.",
+                TRIAL_NUMBER_ENV,
+            )
+            return
+        optuna.logging.set_verbosity(optuna.logging.WARNING)
         study = optuna.load_study(
             study_name=self.study_name,
             storage=self.storage,
@@ -70,10 +78,12 @@ class OptunaPruning(Callback):
                 n_startup_trials=self.n_startup_trials, n_warmup_steps=self.n_warmup_steps
             ),
         )
-        frozen = find_trial(study, list(HydraConfig.get().overrides.task))
+        frozen = find_trial(study, int(number))
         if frozen is None:
             log.warning(
-                "Optuna pruning: no running trial of study %s matches this job; no pruning.", self.study_name
+                "Optuna pruning: study %s has no running trial %s (finished or failed meanwhile); no pruning.",
+                self.study_name,
+                number,
             )
             return
         self.trial = optuna.trial.Trial(study, frozen._trial_id)
@@ -98,6 +108,12 @@ class OptunaPruning(Callback):
             prune = bool(trainer.strategy.broadcast(prune, src=0))
         if prune:
             self.pruned_at = iteration
+            if (
+                self.trial is not None
+            ):  # rank 0: tells the sweeper to record the trial as pruned, not complete
+                from hydra_plugins.pixelsmith_optuna_sweeper.optuna_sweeper import PRUNED_AT_ATTR
+
+                self.trial.set_user_attr(PRUNED_AT_ATTR, iteration)
             log.info(
                 "Optuna pruning: trial stopped at iteration %d (%s=%.4g is worse than the median of earlier trials).",
                 iteration,
