@@ -28,7 +28,7 @@ from hydra_plugins.pixelsmith_optuna_sweeper.optuna_sweeper import (
 )
 from pixelsmith.paths import REPO_ROOT
 
-optuna = pytest.importorskip("optuna")
+optuna = pytest.importorskip("optuna", minversion="4.0")  # the range pyproject.toml declares
 FloatDistribution = optuna.distributions.FloatDistribution
 IntDistribution = optuna.distributions.IntDistribution
 CategoricalDistribution = optuna.distributions.CategoricalDistribution
@@ -138,8 +138,12 @@ def test_a_trial_worse_than_the_median_is_pruned_at_its_evaluation(tmp_path):
         trial.report(value, step=2)
         study.tell(trial, value)
     running = study.ask({"lr": LOG_LR})
-    assert find_trial(study, running.number).number == running.number
-    assert find_trial(study, 0) is None  # finished: nothing to report to
+    lr = running.params["lr"]
+    assert find_trial(study, running.number, []).number == running.number  # named by our sweeper
+    assert find_trial(study, 0, []) is None  # finished: nothing to report to
+    # A sweeper that names no trial (Hydra's own): the running trial whose values are among the job's overrides.
+    assert find_trial(study, None, ["max_steps=4", f"lr={lr}"]).number == running.number
+    assert find_trial(study, None, ["max_steps=4", "lr=0.5"]) is None
 
     def evaluate(fid: float) -> SimpleNamespace:
         running = study.ask({"lr": LOG_LR})  # a new trial
@@ -173,8 +177,13 @@ def test_the_pruning_callback_takes_the_trial_the_sweeper_names_in_the_environme
     pruning = OptunaPruning(storage, "s")
     pruning.setup(trainer, None, "fit")
     assert pruning.trial is not None and pruning.trial.number == second.number
+    monkeypatch.setenv(TRIAL_NUMBER_ENV, "0")
+    study.tell(0, 1.0)
+    finished = OptunaPruning(storage, "s")  # its trial finished meanwhile: nothing to report to
+    finished.setup(trainer, None, "fit")
+    assert finished.trial is None
     monkeypatch.delenv(TRIAL_NUMBER_ENV)
-    alone = OptunaPruning(storage, "s")  # a run the sweeper did not start: nothing to report to
+    alone = OptunaPruning(storage, "s")  # a run no sweep started (no -m)
     alone.setup(trainer, None, "fit")
     assert alone.trial is None
 

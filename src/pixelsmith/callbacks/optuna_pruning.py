@@ -9,6 +9,10 @@ asks a median pruner (worse than the median of earlier complete trials at the sa
 trial (PRUNED_AT_ATTR): its final evaluation and checkpoint still run, and the sweeper records the trial as PRUNED,
 with the score of the evaluation that pruned it. Under several processes rank 0 decides and the others follow (a
 broadcast at evaluation iterations only).
+
+Under a sweeper that passes no trial number (Hydra's own hydra-optuna-sweeper, the day it replaces ours), the job's
+trial is the running one whose sampled values are all among its overrides, and a pruned trial is recorded complete
+with the job's best score (that sweeper knows only complete and failed).
 """
 
 from __future__ import annotations
@@ -24,12 +28,24 @@ from pixelsmith.errors import PixelsmithError
 log = logging.getLogger(__name__)
 
 
-def find_trial(study: Any, number: int) -> Any | None:
-    """The study's running trial with this number (None: no such trial, or it has finished)."""
+def find_trial(study: Any, number: int | None, overrides: list[str]) -> Any | None:
+    """The running trial this job trains: the one the pixelsmith_optuna sweeper named by its number; for a sweeper
+    that names none (Hydra's own hydra-optuna-sweeper, once it runs on current Optuna), the one whose sampled values
+    are all among this job's overrides ("name=value", as both sweepers write them). None: no such running trial."""
     from optuna.trial import TrialState
 
     running = study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
-    return next((trial for trial in running if trial.number == number), None)
+    if number is not None:
+        return next((trial for trial in running if trial.number == number), None)
+    given = set(overrides)
+    return next(
+        (
+            t
+            for t in running
+            if t.params and all(f"{name}={value}" in given for name, value in t.params.items())
+        ),
+        None,
+    )
 
 
 class OptunaPruning(Callback):
@@ -56,6 +72,8 @@ class OptunaPruning(Callback):
             return
         try:
             import optuna
+            from hydra.core.hydra_config import HydraConfig
+            from hydra.types import RunMode
 
             from hydra_plugins.pixelsmith_optuna_sweeper.optuna_sweeper import TRIAL_NUMBER_ENV
         except ImportError as err:
@@ -63,12 +81,13 @@ class OptunaPruning(Callback):
                 'hparams_search needs the sweeps extra (Optuna): pip install -e ".[sweeps]".'
             ) from err
         number = os.environ.get(TRIAL_NUMBER_ENV)
-        if number is None:
-            log.warning(
-                "Optuna pruning: this job was not started by the pixelsmith_optuna sweeper (no %s; a run without -m, "
-                "or another sweeper), so it has no trial to report to; no pruning.",
-                TRIAL_NUMBER_ENV,
-            )
+        try:
+            in_sweep = HydraConfig.get().mode == RunMode.MULTIRUN
+            overrides = list(HydraConfig.get().overrides.task)
+        except ValueError:  # not run by Hydra (tests)
+            in_sweep, overrides = number is not None, []
+        if not in_sweep:
+            log.warning("Optuna pruning: not a sweep job (hparams_search runs with -m); no pruning.")
             return
         optuna.logging.set_verbosity(optuna.logging.WARNING)
         study = optuna.load_study(
@@ -78,12 +97,13 @@ class OptunaPruning(Callback):
                 n_startup_trials=self.n_startup_trials, n_warmup_steps=self.n_warmup_steps
             ),
         )
-        frozen = find_trial(study, int(number))
+        frozen = find_trial(study, None if number is None else int(number), overrides)
         if frozen is None:
             log.warning(
-                "Optuna pruning: study %s has no running trial %s (finished or failed meanwhile); no pruning.",
+                "Optuna pruning: study %s has no running trial %s for this job (finished or failed meanwhile); no "
+                "pruning.",
                 self.study_name,
-                number,
+                "" if number is None else number,
             )
             return
         self.trial = optuna.trial.Trial(study, frozen._trial_id)
