@@ -325,6 +325,22 @@ def test_a_study_made_for_the_other_direction_is_refused_in_one_paragraph(tmp_pa
     assert "created to maximize" in message and "direction=minimize" in message and "study_name" in message
 
 
+def test_a_study_stored_by_an_older_optuna_is_refused_with_the_upgrade_command(tmp_path, capsys):
+    import sqlite3
+
+    (tmp_path / "studies").mkdir()
+    optuna.create_study(study_name="s", storage=f"sqlite:///{tmp_path}/studies/s.db")
+    with sqlite3.connect(
+        tmp_path / "studies" / "s.db"
+    ) as db:  # the schema Optuna 2.10 (our sweeps before) left
+        db.execute("UPDATE alembic_version SET version_num = 'v2.6.0.a'")
+    with pytest.raises(SystemExit) as stopped:
+        _sweeper(tmp_path, _loss, n_trials=1).sweep([])
+    assert stopped.value.code == 2
+    message = capsys.readouterr().err
+    assert f"optuna storage upgrade --storage sqlite:///{tmp_path}/studies/s.db" in message
+
+
 def test_rank_correlation_importance_finds_the_parameter_that_matters():
     from pixelsmith.optuna_report import importances
 

@@ -197,12 +197,23 @@ class OptunaSweeper(Sweeper):
         if self.storage and self.storage.startswith("sqlite:///"):
             # SQLite creates the database file but not its folder (outputs/<task>/ on a first sweep).
             Path(self.storage[len("sqlite:///") :]).parent.mkdir(parents=True, exist_ok=True)
-        study = optuna.create_study(
-            study_name=self.study_name,
-            storage=self.storage,
-            direction=self.direction.name,
-            load_if_exists=True,  # Optuna's default sampler until the configured one is made, below
-        )
+        try:
+            study = optuna.create_study(
+                study_name=self.study_name,
+                storage=self.storage,
+                direction=self.direction.name,
+                load_if_exists=True,  # Optuna's default sampler until the configured one is made, below
+            )
+        except RuntimeError as err:
+            if "storage upgrade" not in str(err):
+                raise
+            # A study written by an older Optuna: hydra-optuna-sweeper 1.2 (this template's sweeper before) ran 2.10.
+            refuse(
+                f"The study storage {self.storage} was written by an older Optuna than this one ({optuna.__version__}"
+                f"): {err} Upgrade it once (back the file up first: the upgrade is one-way) with `optuna storage "
+                f"upgrade --storage {self.storage}`, then run the sweep again; or start a new study with another "
+                "hydra.sweeper.storage."
+            )
         if study.direction.name.lower() != self.direction.name:
             refuse(
                 f"The study {study.study_name} in {self.storage} was created to {study.direction.name.lower()}, "
