@@ -3,7 +3,8 @@
 `conf/hparams_search/gan_optuna.yaml` selects it (`override /hydra/sweeper: pixelsmith_optuna`). It keeps the
 configuration of Hydra's own hydra-optuna-sweeper (direction, study_name, storage, n_trials, n_jobs, sampler, params
 written in Hydra's sweep syntax: `choice(...)`, `range(...)`, `interval(...)`, `tag(log, interval(...))`), so that
-moving to that plugin, once a stable Hydra 1.4 ships it on current Optuna, is a change of the sweeper's name.
+moving to that plugin, once a stable Hydra 1.4 ships it on current Optuna, is a change of the sweeper's name (and of
+the sampler's: a config group there, a `_target_` config here).
 
 Per invocation: the study is created or, when its storage already holds it, continued (`load_if_exists`); trials an
 interrupted invocation left running are marked failed; then `n_trials` more trials, `n_jobs` asked at a time, each
@@ -61,9 +62,8 @@ class OptunaSweeperConf:
     # sqlite:///path/optuna.db (or any SQLAlchemy URL Optuna takes) keeps the study across invocations; null: memory.
     storage: str | None = None
     n_trials: int = 20  # trials this invocation adds to the study
-    n_jobs: int = (
-        1  # trials asked at once and handed to the launcher together (parallel with a parallel launcher)
-    )
+    # Trials asked at once and handed to the launcher together (run in parallel by a parallel launcher).
+    n_jobs: int = 1
     sampler: Any = field(default_factory=lambda: {"_target_": "optuna.samplers.TPESampler"})
     params: dict[str, str] = field(default_factory=dict)  # name: Hydra sweep expression
 
