@@ -325,6 +325,17 @@ def test_a_study_made_for_the_other_direction_is_refused_in_one_paragraph(tmp_pa
     assert "created to maximize" in message and "direction=minimize" in message and "study_name" in message
 
 
+def test_an_older_optuna_in_the_environment_is_refused_with_the_install_command(
+    tmp_path, capsys, monkeypatch
+):
+    monkeypatch.setattr(optuna, "__version__", "2.10.1")  # what the sweeps extra installed before
+    with pytest.raises(SystemExit) as stopped:
+        _sweeper(tmp_path, _loss, n_trials=1).sweep([])
+    assert stopped.value.code == 2
+    message = capsys.readouterr().err
+    assert "has 2.10.1" in message and 'pip install -c constraints.txt -e ".[sweeps]"' in message
+
+
 def test_a_study_stored_by_an_older_optuna_is_refused_with_the_upgrade_command(tmp_path, capsys):
     import sqlite3
 

@@ -87,6 +87,13 @@ def import_optuna() -> Any:
             "The pixelsmith_optuna sweeper (hparams_search=gan_optuna) needs Optuna, which is not installed. Install "
             'the sweeps extra: pip install -e ".[sweeps]" (or `pip install "optuna>=4,<6"`).'
         )
+    if int(optuna.__version__.split(".")[0]) < 4:
+        refuse(
+            f"The pixelsmith_optuna sweeper needs Optuna 4 or newer; this environment has {optuna.__version__} (the "
+            "sweeps extra of earlier versions installed 2.10 with hydra-optuna-sweeper). Update it: pip install -c "
+            'constraints.txt -e ".[sweeps]" (or `pip install "optuna>=4,<6"`), and upgrade an existing study once '
+            "with `optuna storage upgrade --storage <its URL>`."
+        )
     return optuna
 
 
