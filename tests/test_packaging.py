@@ -90,6 +90,7 @@ def test_wheel_carries_every_config_data_file_module_and_entry_point(wheel):
         "pixelsmith/conf": [p for p in _files(REPO / "conf") if p.as_posix() != "local/default.yaml"],
         "pixelsmith/embedded_data": _files(REPO / "data"),
         "pixelsmith": _files(REPO / "src" / "pixelsmith"),
+        "hydra_plugins": _files(REPO / "src" / "hydra_plugins"),  # the Optuna sweeper plugin
     }
     assert any(p.name == "train.yaml" for p in expected["pixelsmith/conf"])
     assert Path("mnist_5k.npz") in expected["pixelsmith/embedded_data"]
@@ -117,15 +118,20 @@ def test_plain_install_trains_from_any_directory_with_packaged_configs_and_data(
 import json, pixelsmith, pixelsmith.cli.train
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
+from hydra.core.plugins import Plugins
+from hydra.plugins.sweeper import Sweeper
 from pixelsmith.config.schema import register_configs
 from pixelsmith.paths import CONF_DIR, DATA_DIR, REPO_ROOT
 register_configs()
+sweepers = [f"{c.__module__}.{c.__name__}" for c in Plugins.instance().discover(Sweeper)]
+import hydra_plugins.pixelsmith_optuna_sweeper.optuna_sweeper as sweeper_module
 with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
     cfg = compose("train", ["experiment=style_fast"])
 print(json.dumps({
     "package": pixelsmith.__file__, "cli": pixelsmith.cli.train.__file__, "conf": str(CONF_DIR),
     "data": str(DATA_DIR), "repo_root": None if REPO_ROOT is None else str(REPO_ROOT),
     "content": OmegaConf.select(cfg, "data.root"), "styles": list(OmegaConf.select(cfg, "model.style_images")),
+    "sweepers": sweepers, "sweeper_file": sweeper_module.__file__,
 }))
 """
     result = run_cli(["-c", probe], cwd=work, timeout=120, env_extra=env)
@@ -140,6 +146,9 @@ print(json.dumps({
     assert Path(found["content"]).resolve() == package / "embedded_data" / "style" / "content"
     for path in [found["content"], *found["styles"]]:
         assert Path(path).exists() and Path(path).resolve().is_relative_to(package)
+    # Hydra's plugin scan finds the Optuna sweeper the wheel installs (hparams_search=gan_optuna needs it).
+    assert "hydra_plugins.pixelsmith_optuna_sweeper.optuna_sweeper.OptunaSweeper" in found["sweepers"]
+    assert Path(found["sweeper_file"]).resolve().is_relative_to(site.resolve() / "hydra_plugins")
 
     # `python -m pixelsmith.cli.train` (what `pixelsmith-train` calls) trains on the packaged MNIST digits and
     # writes its run under ./outputs of the working directory.
@@ -166,6 +175,23 @@ def test_checkout_resolves_conf_and_data_to_the_repository_folders():
     cfg = OmegaConf.load(CONF_DIR / "paths" / "default.yaml")
     assert Path(cfg.data_dir) == DATA_DIR  # the ${pixelsmith.data_dir:} resolver
     assert (DATA_DIR / "mnist_5k.npz").is_file() and (CONF_DIR / "hardware" / "cpu.yaml").is_file()
+
+
+def test_hydra_finds_the_optuna_sweeper_plugin_of_this_checkout():
+    # Hydra discovers plugins by scanning the hydra_plugins namespace package. An editable install hides a namespace
+    # package's folder from that scan unless pyproject.toml lists "hydra_plugins" among the packages.
+    from hydra.core.plugins import Plugins
+    from hydra.plugins.sweeper import Sweeper
+
+    module = "hydra_plugins.pixelsmith_optuna_sweeper.optuna_sweeper"
+    (found,) = [c for c in Plugins.instance().discover(Sweeper) if c.__module__ == module]
+    assert found.__name__ == "OptunaSweeper"
+    assert (
+        Path(sys.modules[found.__module__].__file__).resolve().is_relative_to(REPO / "src" / "hydra_plugins")
+    )
+    assert {"hydra_plugins", "hydra_plugins.pixelsmith_optuna_sweeper"} <= set(
+        _pyproject()["tool"]["setuptools"]["packages"]
+    )
 
 
 def test_pyproject_declares_ranges_and_constraints_pin_a_tested_point_in_them():

@@ -3,7 +3,6 @@
 Written by `pixelsmith.sweep_summary.SweepSummary` at the end of `python train.py -m hparams_search=gan_optuna` from
 the study's storage (so it covers every trial of the study, including those of earlier, interrupted invocations):
 a markdown section appended to `summary.md` and `optuna_objective.png` (objective per trial and the best so far).
-At the start of a sweep on an existing study, trials an interrupted sweep left running are marked failed.
 
 Importance is the absolute Spearman rank correlation between each parameter and the objective over the completed
 trials, normalised to sum to 1 (categorical values ranked in their sorted order). It needs no extra package (Optuna's
@@ -13,14 +12,11 @@ interactions are not captured.
 
 from __future__ import annotations
 
-import logging
 import math
 from pathlib import Path
 from typing import Any
 
 from PIL import Image, ImageDraw
-
-log = logging.getLogger("pixelsmith")
 
 
 def _ranks(values: list[float]) -> list[float]:
@@ -64,30 +60,6 @@ def importances(trials: list[dict[str, Any]]) -> dict[str, float]:
         raw[name] = abs(spearman(xs, [t["value"] for t in present]))
     total = sum(raw.values())
     return {k: (v / total if total > 0 else 0.0) for k, v in sorted(raw.items(), key=lambda kv: -kv[1])}
-
-
-def fail_stale_trials(storage: str, study_name: str) -> int:
-    """At the start of a sweep on an existing study: trials an interrupted sweep left running will never finish;
-    mark them failed so the sampler and the summary do not count them as in flight. Returns how many."""
-    import optuna
-    from optuna.trial import TrialState
-
-    optuna.logging.set_verbosity(optuna.logging.WARNING)
-    try:
-        study = optuna.load_study(study_name=study_name, storage=storage)
-    except KeyError:  # no such study yet: the sweep creates it
-        return 0
-    stale = study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
-    for trial in stale:
-        study._storage.set_trial_state(trial._trial_id, TrialState.FAIL)
-    if stale:
-        log.warning(
-            "Study %s resumes: %d trial(s) an interrupted sweep left running are marked failed (%s).",
-            study_name,
-            len(stale),
-            ", ".join(str(t.number) for t in stale),
-        )
-    return len(stale)
 
 
 def load_trials(storage: str, study_name: str) -> tuple[list[dict[str, Any]], str]:

@@ -48,7 +48,7 @@ def render(rows: list[dict[str, Any]]) -> str:
 
 
 def _optuna_study(config: DictConfig) -> tuple[str, str] | None:
-    """(storage, study name) when the sweep runs hydra-optuna-sweeper with a persistent storage."""
+    """(storage, study name) when the sweep runs an Optuna sweeper (ours or Hydra's) with a persistent storage."""
     sweeper = config.hydra.get("sweeper") or {}
     if "optuna" not in str(sweeper.get("_target_", "")).lower():
         return None
@@ -57,17 +57,6 @@ def _optuna_study(config: DictConfig) -> tuple[str, str] | None:
 
 
 class SweepSummary(Callback):
-    def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
-        study = _optuna_study(config)
-        if study is None:
-            return
-        if study[0].startswith("sqlite:///"):
-            # SQLite creates the database file but not its folder (outputs/<task>/ on a first sweep).
-            Path(study[0][len("sqlite:///") :]).parent.mkdir(parents=True, exist_ok=True)
-        from pixelsmith.optuna_report import fail_stale_trials
-
-        fail_stale_trials(*study)
-
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
         sweep_dir = Path(config.hydra.sweep.dir)
         if not sweep_dir.is_dir():
