@@ -43,6 +43,11 @@ def test_training_logs_fid_over_time_and_keeps_the_best_checkpoint(trained_run):
     assert (trained_run / "checkpoints" / "best.ckpt").exists()
     header = (trained_run / "metrics.csv").read_text().splitlines()[0]
     assert "eval/fid" in header and "eval/kid_mean" in header and "eval/precision" in header
+    # Each entry says where in the run it was (FID-against-time curves), and those are not logged as scores.
+    assert [h["kimg"] for h in summary["history"]] == [0.0, 4 * 16 / 1000, 8 * 16 / 1000]
+    seconds = [h["seconds"] for h in summary["history"]]
+    assert seconds[0] < 5 and seconds == sorted(seconds) and seconds[-1] > seconds[0]
+    assert "eval/seconds" not in header and "eval/kimg" not in header
 
 
 @pytest.mark.slow  # a subprocess or many compositions: the full run (`pytest --all`) only

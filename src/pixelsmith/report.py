@@ -158,7 +158,7 @@ def _grouped_charts(series: dict[str, list[tuple[float, float]]]) -> list[str]:
 
 # Evaluation scores drawn together (one chart per group); any other numeric score gets a chart of its own.
 HISTORY_GROUPS = (("fid",), ("kid_mean",), ("precision", "recall"), ("inception_score",))
-HISTORY_SKIPPED = {"iteration", "num_generated", "num_real", "kid_std"}
+HISTORY_SKIPPED = {"iteration", "num_generated", "num_real", "kid_std", "kimg", "seconds"}
 
 
 def _history_charts(history: list[dict[str, Any]], prefix: str) -> list[str]:

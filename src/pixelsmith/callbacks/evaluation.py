@@ -13,6 +13,7 @@ import json
 import logging
 import math
 import os
+import time
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +23,9 @@ from lightning.pytorch.callbacks import Callback
 from pixelsmith.metrics import GanMetrics, build_feature_extractor, load_or_compute_reference_stats
 
 log = logging.getLogger(__name__)
+
+# History entries carry these beside the scores: where in the run the evaluation was, not a score of it.
+_NOT_SCORES = ("iteration", "kimg", "seconds")
 LOWER_IS_BETTER = {"fid", "kid_mean"}
 
 
@@ -106,6 +110,7 @@ class GANEvaluation(Callback):
         self.seed = seed
         self.best_value: float | None = None
         self.best_iteration: int | None = None
+        self._train_started: float | None = None
         self.history: list[dict[str, float]] = []
         self._metric: GanMetrics | None = None
         self._last_iteration: int | None = None
@@ -155,7 +160,14 @@ class GANEvaluation(Callback):
         generate_into(metric, pl_module, self.num_samples, self.batch_size, self.seed)
         scores = metric.compute()
         scores["iteration"] = float(iteration)
-        self.history.append(scores)
+        # Where in the run this was, for FID-against-time curves (benchmarks/quality.py); not logged as metrics.
+        self.history.append(
+            {
+                **scores,
+                "kimg": float(getattr(pl_module, "images_seen", 0)) / 1000.0,
+                "seconds": round(time.monotonic() - (self._train_started or time.monotonic()), 2),
+            }
+        )
         for logger in trainer.loggers:
             logger.log_metrics(
                 {f"eval/{k}": v for k, v in scores.items() if k != "iteration"}, step=iteration
@@ -187,7 +199,7 @@ class GANEvaluation(Callback):
         """The last evaluation's scores as `eval/<name>` and the best as `eval/best_<monitor>` (for sweeps)."""
         if not self.history:
             return {}
-        last = {f"eval/{k}": float(v) for k, v in self.history[-1].items() if k != "iteration"}
+        last = {f"eval/{k}": float(v) for k, v in self.history[-1].items() if k not in _NOT_SCORES}
         # NaN, not a crash, when no evaluation gave a finite monitored value (a diverged run, or a monitor that is
         # not among eval.metrics): the sweep records the job with a NaN objective.
         best = math.nan if self.best_value is None else float(self.best_value)
@@ -203,6 +215,7 @@ class GANEvaluation(Callback):
             os.replace(tmp, directory / "best.ckpt")
 
     def on_train_start(self, trainer, pl_module) -> None:
+        self._train_started = time.monotonic()  # a history entry's "seconds" count from here (this process)
         if self.enabled and pl_module.iteration == 0:
             self._evaluate(trainer, pl_module)
 
