@@ -446,14 +446,14 @@ def test_no_host_sync_across_the_whole_lightning_loop(case, tmp_path, monkeypatc
         assert torch.cuda.get_sync_debug_mode() == 0  # the window is closed after the run
 
 
-@pytest.mark.parametrize("where", ["another callback's batch end", "the batch fetch"])
+@pytest.mark.parametrize("where", ["another-callbacks-batch-end", "the-batch-fetch"])
 def test_a_sync_outside_the_step_fails_the_whole_loop_check(where, tmp_path, monkeypatch):
     """The same check can fail: a device read planted outside `training_step` stops the run (CUDA's sync debug
     mode raises; the CPU dry run's counter raises HostSyncError)."""
     from omegaconf import open_dict
 
     cfg = _quiet_loop_config(["hardware=auto", "hardware.compile=false"], tmp_path / "run")
-    if where == "the batch fetch":
+    if where == "the-batch-fetch":
         from pixelsmith.data.on_device import DeviceResidentBatches
 
         indices = DeviceResidentBatches.indices
