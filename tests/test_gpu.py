@@ -294,3 +294,223 @@ def test_iterations_that_log_nothing_never_synchronise(case, tmp_path, monkeypat
         r1.interval = 2
     metrics = run(cfg)  # raises HostSyncError / CUDA's sync error at the first synchronising call
     assert metrics["iteration"] == 9
+
+
+# ---- 8K stylize with tile=auto, and a real out-of-memory halving (issue 21, point 5) ----------------------------
+# The CPU dry run stylizes 1024x576 and simulates the out-of-memory error: a CPU has no allocator cap to run into.
+STYLIZE_SIZE = (1024, 576) if ON_CPU else (7680, 4320)
+STYLIZE_DEVICE = "cpu" if ON_CPU else "cuda"
+# The cap for the halving test: far below what the 8K image takes in one pass (≈ 12 GB for TransformerNet 32/5 in
+# fp32), above what the tile batch of 960-px tiles takes with the image on the device (≈ 1.5 GB).
+HALVING_CAP_BYTES = 3 << 30
+# The CPU dry run's stand-in for that cap: a forward pass larger than this a side "runs out of memory".
+SIMULATED_LIMIT_SIDE = 512
+
+
+def _synthetic_photo(path, size):
+    """Smooth colour fields plus grain, saved as a JPEG: it stylizes like a photo, not like white noise."""
+    import numpy as np
+    from PIL import Image
+
+    width, height = size
+    rng = np.random.default_rng(0)
+    coarse = rng.integers(0, 256, (height // 120 + 2, width // 120 + 2, 3), dtype=np.uint8)
+    image = np.asarray(Image.fromarray(coarse).resize((width, height), Image.Resampling.BICUBIC)).astype(
+        np.int16
+    )
+    image += rng.integers(-12, 13, image.shape, dtype=np.int16)
+    Image.fromarray(np.clip(image, 0, 255).astype(np.uint8)).save(path, quality=92)
+    return path
+
+
+def _stylizer():
+    from pixelsmith.style.networks import TransformerNet
+
+    torch.manual_seed(0)
+    return TransformerNet(
+        base_channels=32
+    ).eval()  # Johnson's width; random weights cost what trained ones do
+
+
+def _tiling_messages(caplog, part: str) -> list[str]:
+    return [
+        r.getMessage()
+        for r in caplog.records
+        if r.name == "pixelsmith.style.tiling" and part in r.getMessage()
+    ]
+
+
+def test_8k_stylize_with_auto_tiles_writes_png_and_jpeg_of_the_input_size(tmp_path, caplog):
+    """`stylize.py device=cuda tile=auto` on a 7680x4320 photo, to PNG and to JPEG: the plan fits the free memory
+    (no retry), the outputs have the input's size, and every stage of the device pipeline is timed."""
+    import logging
+
+    import numpy as np
+    from PIL import Image
+
+    from pixelsmith.style.stylize import stylize_paths
+    from pixelsmith.style.tiling import StageTimes
+
+    source = _synthetic_photo(tmp_path / "photo.jpg", STYLIZE_SIZE)
+    model = _stylizer()
+    caplog.set_level(logging.INFO, logger="pixelsmith.style.tiling")
+    for suffix in (".png", ".jpg"):
+        times = StageTimes()
+        (written,) = stylize_paths(
+            model, source, tmp_path / f"out{suffix}", device=STYLIZE_DEVICE, progress=False, times=times
+        )
+        with Image.open(written) as result:
+            assert result.size == STYLIZE_SIZE and result.mode == "RGB"
+            assert np.asarray(result).std() > 1  # a picture, not a flat fill
+        assert min(times.decode, times.network, times.blend, times.encode) > 0, times
+        if not ON_CPU:  # the device pipeline: the image goes to the GPU once and comes back once
+            assert times.copy_in > 0 and times.copy_out > 0, times
+    plans = _tiling_messages(caplog, "tile=auto for")
+    assert len(plans) == 2 and all(
+        f"{STYLIZE_SIZE[0]}x{STYLIZE_SIZE[1]} on {STYLIZE_DEVICE}" in p for p in plans
+    )
+    assert _tiling_messages(caplog, "ran out of memory") == []
+
+
+def test_8k_stylize_halves_an_auto_tile_that_runs_out_of_memory_under_the_memory_fraction(
+    tmp_path, caplog, monkeypatch
+):
+    """`hardware.memory_fraction` caps the process's CUDA allocator at 3 GB, while tile=auto plans from the
+    device's free memory (the whole 8K image on an 80 GB GPU): a real out-of-memory error, then halved tiles
+    until they fit. The result has the input's size and is the image a run with the final tile size gives."""
+    import logging
+    import re
+
+    import numpy as np
+    from PIL import Image
+
+    from pixelsmith.builders import build_plan
+    from pixelsmith.hardware import apply_plan
+    from pixelsmith.style.tiling import stylize_tiled
+
+    with Image.open(_synthetic_photo(tmp_path / "photo.jpg", STYLIZE_SIZE)) as opened:
+        image = np.asarray(opened.convert("RGB")).copy()
+    model = _stylizer()
+    options = {"device": STYLIZE_DEVICE, "thumbnail_size": SIMULATED_LIMIT_SIDE if ON_CPU else 1024}
+    overrides = ["hardware=auto", "train.time_budget_minutes=null"]
+    if ON_CPU:
+        original = model.forward
+
+        def forward(x):
+            if max(x.shape[-2:]) > SIMULATED_LIMIT_SIDE:
+                raise torch.OutOfMemoryError("CUDA out of memory (simulated by the CPU dry run)")
+            return original(x)
+
+        monkeypatch.setattr(model, "forward", forward)
+    else:
+        fraction = HALVING_CAP_BYTES / torch.cuda.get_device_properties(0).total_memory
+        overrides.append(f"hardware.memory_fraction={fraction:.6f}")
+    caplog.set_level(logging.INFO, logger="pixelsmith.style.tiling")
+    try:
+        apply_plan(build_plan(_config(overrides, tmp_path / "run")))  # what a run with this profile sets
+        if not ON_CPU:
+            torch.cuda.empty_cache()  # memory earlier tests left cached would count against the cap
+        halved = stylize_tiled(model, image, tile="auto", **options)
+    finally:
+        if not ON_CPU:
+            torch.cuda.set_per_process_memory_fraction(1.0)
+            torch.cuda.empty_cache()
+    retries = _tiling_messages(caplog, "ran out of memory")
+    assert retries, (
+        f"the cap did not make tile=auto run out of memory: {_tiling_messages(caplog, 'tile=auto')}"
+    )
+    sides = [int(re.search(r"retrying with (\d+)-px tiles", message).group(1)) for message in retries]
+    assert all(later < earlier for earlier, later in zip(sides, sides[1:], strict=False)), sides
+    assert halved.shape == image.shape and halved.std() > 1
+    final = sides[-1]
+    reference = stylize_tiled(model, image, tile=final, overlap=min(64, final // 4), **options)
+    # The failed passes leave nothing behind: the same pixels as a run planned at the final tile (cuDNN may pick
+    # another algorithm for a shape: at most one 8-bit level apart).
+    assert np.abs(halved.astype(np.int16) - reference.astype(np.int16)).max() <= 1
+
+
+# ---- no host sync across the whole Lightning loop (issue 21, point 5) --------------------------------------------
+# A callback that reads a device value at every batch end, planted after the check (tests/test_host_sync.py).
+PLANTED_READER = "tests.test_host_sync.ReadsTheDeviceAtEveryBatchEnd"
+
+
+LOOP_CASES = {
+    # The main job's data path (the dataset on the device), compiled as the profile says, and a DataLoader one
+    # (workers, pinned memory; eager: the compiled style step is test_iterations_that_log_nothing_never_synchronise's).
+    "dcgan-on-device-data": ["hardware=auto"],
+    "style_fast-data-loader": [
+        *STYLE_CASES["style_fast"],
+        *OFFLINE_STYLE,
+        "hardware=auto",
+        "hardware.compile=false",
+        "data.num_workers=2",
+    ],
+}
+QUIET_LOOP = {
+    "max_steps": 10,
+    "train.log_every_n_steps": 5,  # iterations 1-3 and 5-8 are checked (0 sets up, 4 and 9 log)
+    "train.sample_every_n_steps": 5,
+    "train.checkpoint_every_n_steps": 5,
+    "eval.every_n_steps": 0,
+    "train.progress_bar": True,  # the bar and the csv logger run in the loop being checked
+    "train.host_sync_check": "error",
+    "train.host_sync_scope": "loop",
+    "train.time_budget_minutes": None,
+}
+
+
+def _quiet_loop_config(overrides: list[str], out):
+    cfg = _config(overrides, out)
+    for key, value in QUIET_LOOP.items():
+        OmegaConf.update(cfg, key, value, force_add=False)
+    return cfg
+
+
+@pytest.mark.parametrize("case", list(LOOP_CASES))
+def test_no_host_sync_across_the_whole_lightning_loop(case, tmp_path, monkeypatch):
+    """`torch.cuda.set_sync_debug_mode("error")` from one iteration's `on_train_batch_start` to the next one's, on
+    every iteration that logs nothing: the module's step, every callback's batch end (progress bar, checkpoint and
+    sample callbacks, loggers), Lightning's bookkeeping and the next batch's fetch."""
+    from pixelsmith.callbacks.host_sync import HostSyncCheck
+
+    checks: list[HostSyncCheck] = []
+    original = HostSyncCheck.on_train_start
+
+    def recording(self, trainer, pl_module):
+        checks.append(self)
+        original(self, trainer, pl_module)
+
+    monkeypatch.setattr(HostSyncCheck, "on_train_start", recording)
+    metrics = run(_quiet_loop_config(LOOP_CASES[case], tmp_path / "run"))
+    assert metrics["iteration"] == 10
+    (check,) = checks
+    assert check.scope == "loop" and check.checked == 7 and check.events == []
+    if not ON_CPU:
+        assert torch.cuda.get_sync_debug_mode() == 0  # the window is closed after the run
+
+
+@pytest.mark.parametrize("where", ["another-callbacks-batch-end", "the-batch-fetch"])
+def test_a_sync_outside_the_step_fails_the_whole_loop_check(where, tmp_path, monkeypatch):
+    """The same check can fail: a device read planted outside `training_step` stops the run (CUDA's sync debug
+    mode raises; the CPU dry run's counter raises HostSyncError)."""
+    from omegaconf import open_dict
+
+    cfg = _quiet_loop_config(["hardware=auto", "hardware.compile=false"], tmp_path / "run")
+    if where == "the-batch-fetch":
+        from pixelsmith.data.on_device import DeviceResidentBatches
+
+        indices = DeviceResidentBatches.indices
+
+        def indices_read_on_the_host(self, iteration):
+            chosen = indices(self, iteration)
+            int(chosen[0])  # the planted sync: a fetch that decides something on the host
+            return chosen
+
+        monkeypatch.setattr(DeviceResidentBatches, "indices", indices_read_on_the_host)
+    else:
+        with open_dict(cfg):
+            cfg.callbacks.reader = {"_target_": PLANTED_READER}
+    with pytest.raises(RuntimeError, match="synchroniz|made the host wait"):
+        run(cfg)
+    if not ON_CPU:
+        assert torch.cuda.get_sync_debug_mode() == 0  # closed on the exception too

@@ -2,7 +2,9 @@
 
 `train.host_sync_check=error` runs real training through the config tree with every device-side feature on
 (fused Adam's on-device skip, clipping, EMA, lazy R1, ADA, warmup+cosine, fp16 GradScaler) and raises at the first
-op that would synchronise on CUDA. The CUDA half of the proof (`torch.cuda.set_sync_debug_mode`) is in test_gpu.py.
+op that would synchronise on CUDA, over the whole Lightning loop of each such iteration (`train.host_sync_scope=loop`:
+the batch fetch, every callback, Lightning's bookkeeping), or the module's step only (`step`). The CUDA half of the
+proof (`torch.cuda.set_sync_debug_mode`) is in test_gpu.py.
 """
 
 from __future__ import annotations
@@ -10,8 +12,10 @@ from __future__ import annotations
 import linecache
 import math
 
+import lightning as L
 import pytest
 import torch
+from omegaconf import open_dict
 
 from pixelsmith.augment import ada
 from pixelsmith.callbacks.host_sync import HostSyncCheck, HostSyncError, SyncCounter
@@ -171,3 +175,96 @@ def test_the_progress_bar_reads_its_metrics_only_at_logging_iterations(make_cfg,
     run(make_cfg("train.progress_bar=true", "train.log_every_n_steps=3", "max_steps=7"))
     # 7 is read twice: at its batch end (the last iteration) and at the epoch end after training.
     assert {i for i in reads if i > 0} == {3, 6, 7}
+
+
+# ---- the whole Lightning loop (train.host_sync_scope=loop), not only the module's step --------------------------
+class ReadsTheDeviceAtEveryBatchEnd(L.Callback):
+    """A callback after the check that reads a device value at every batch end: a GPU sync per iteration."""
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        float(next(pl_module.parameters()).sum())  # the sync under test
+
+
+QUIET_RUN = [
+    "hardware.optimizer_impl=fused",
+    "train.host_sync_check=warn",
+    "train.log_every_n_steps=4",
+    "max_steps=9",
+    "data.limit=128",
+]
+
+
+@pytest.mark.parametrize("scope", ["loop", "step"])
+def test_the_loop_scope_sees_a_sync_in_another_callbacks_batch_end(make_cfg, checks, scope):
+    cfg = make_cfg(*QUIET_RUN, f"train.host_sync_scope={scope}")
+    with open_dict(cfg):
+        cfg.callbacks.reader = {"_target_": f"{__name__}.ReadsTheDeviceAtEveryBatchEnd"}
+    run(cfg)
+    (check,) = checks
+    assert check.checked == 5  # 1, 2, 4, 5, 6 (0 sets up; 3 and 7 log; 8 is the last)
+    found = [(i, op) for i, op, where in check.events if "test_host_sync.py" in where]
+    if scope == "loop":
+        # Each checked iteration's read, named with its line; never at a logging or the last iteration.
+        assert found == [(i, "aten._local_scalar_dense") for i in (1, 2, 4, 5, 6)]
+    else:  # the module's step only: the other callbacks run after the window closed
+        assert found == []
+
+
+@pytest.mark.parametrize("scope", ["loop", "step"])
+def test_the_loop_scope_sees_a_sync_in_the_batch_fetch(make_cfg, checks, monkeypatch, scope):
+    """The next batch is fetched (here: sliced from the device-resident dataset) before `on_train_batch_start`."""
+    from pixelsmith.data.on_device import DeviceResidentBatches
+
+    original = DeviceResidentBatches.indices
+
+    def indices_read_on_the_host(self, iteration):
+        chosen = original(self, iteration)
+        int(chosen[0])  # the sync under test: a fetch that decides something on the host
+        return chosen
+
+    monkeypatch.setattr(DeviceResidentBatches, "indices", indices_read_on_the_host)
+    run(make_cfg(*QUIET_RUN, f"train.host_sync_scope={scope}"))
+    (check,) = checks
+    fetches = [i for i, _, where in check.events if "indices_read_on_the_host" in where]
+    # Lightning prefetches one batch: checked iteration i's window ends with the fetch for iteration i + 2, and it
+    # stays open into iteration i + 1's fetch only when i + 1 is checked too (3 and 7 log, 8 is the last).
+    assert fetches == ([1, 2, 4, 5, 6] if scope == "loop" else [])
+
+
+@pytest.mark.parametrize("released", [True, False])
+def test_lightning_converts_no_logged_value_between_logging_iterations(
+    make_cfg, checks, monkeypatch, released
+):
+    """Lightning's logger connector `.item()`s the last progress-bar value (`img/s`) at every batch end unless
+    StepResultsRelease drops it once logged: without it the loop scope finds that sync on every quiet iteration."""
+    from pixelsmith.callbacks.step_results import StepResultsRelease
+
+    if not released:
+        monkeypatch.setattr(StepResultsRelease, "on_train_batch_start", lambda *args: None)
+    metrics = run(make_cfg(*QUIET_RUN, "train.progress_bar=true"))
+    (check,) = checks
+    conversions = [i for i, _, where in check.events if "to_item" in where]
+    # The first conversion comes after the first logging iteration (3), from then on at every checked one.
+    assert conversions == ([] if released else [4, 5, 6])
+    assert len(check.events) == len(conversions)  # nothing else in the loop waits
+    assert metrics["img/s"] > 0  # what was logged still reaches the final metrics
+
+
+def test_the_loop_scope_falls_back_to_the_step_under_several_processes(caplog):
+    """Lightning reads its broadcast SIGTERM flag on the host at every iteration under DDP: said once, step scope."""
+    from types import SimpleNamespace
+
+    check = HostSyncCheck("error", scope="loop")
+    check.on_train_start(SimpleNamespace(world_size=2), None)
+    assert check.scope == "step"
+    assert "under 2 processes" in caplog.text and "host_sync_scope=step" in caplog.text
+    single = HostSyncCheck("error", scope="loop")
+    single.on_train_start(SimpleNamespace(world_size=1), None)
+    assert single.scope == "loop"
+
+
+def test_an_unknown_scope_is_refused_with_the_choices():
+    from pixelsmith.errors import PixelsmithError
+
+    with pytest.raises(PixelsmithError, match="loop, step"):
+        HostSyncCheck("error", scope="everything")

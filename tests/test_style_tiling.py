@@ -305,8 +305,8 @@ def test_the_device_pipeline_gives_the_host_pipelines_pixels(net, photo, shape):
     assert np.array_equal(host, device)
 
 
-def test_an_auto_tile_that_runs_out_of_memory_is_halved(net, photo, monkeypatch):
-    """The plan is an estimate: a forward that does not fit retries with half the tile, not a crash."""
+def test_an_auto_tile_that_runs_out_of_memory_is_halved(net, photo, monkeypatch, caplog):
+    """The plan is an estimate: a forward that does not fit retries with half the tile, not a crash, and says so."""
     sides = []
     original = net.forward
 
@@ -321,5 +321,7 @@ def test_an_auto_tile_that_runs_out_of_memory_is_halved(net, photo, monkeypatch)
     assert result.shape == photo.shape
     failed = sides.index(256)  # after the probe, the whole-image plan ran first and did not fit...
     assert sides[failed + 1 :] and max(sides[failed + 1 :]) == 128  # ...so 128-px tiles did the work
+    retries = [r.getMessage() for r in caplog.records if "ran out of memory" in r.getMessage()]
+    assert retries == ["tile=auto: the whole image ran out of memory on cpu; retrying with 128-px tiles."]
     with pytest.raises(torch.OutOfMemoryError):  # a tile the user fixed is not second-guessed
         stylize_tiled(net, photo, tile=192, overlap=16, thumbnail_statistics=False)

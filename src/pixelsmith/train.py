@@ -22,6 +22,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from pixelsmith.builders import build_core_settings, build_datamodule, build_model, build_plan
 from pixelsmith.callbacks.host_sync import HostSyncCheck
+from pixelsmith.callbacks.step_results import StepResultsRelease
 from pixelsmith.config.validate import validate_config
 from pixelsmith.core.fsdp import MultiNetworkFSDPStrategy
 from pixelsmith.core.preemption import (
@@ -106,10 +107,14 @@ def _instantiate_group(node: DictConfig | None) -> list:
 
 
 def build_trainer(cfg: DictConfig, plan: RuntimePlan) -> L.Trainer:
-    callbacks = _instantiate_group(cfg.get("callbacks")) + build_perf_callbacks(cfg)
+    # StepResultsRelease always: without it Lightning converts the last logged progress-bar value with `.item()` at
+    # every batch end (a GPU sync per iteration; callbacks/step_results.py).
+    callbacks = _instantiate_group(cfg.get("callbacks")) + build_perf_callbacks(cfg) + [StepResultsRelease()]
     if cfg.train.get("host_sync_check", "off") != "off":
-        # First, so its window closes before the sample/evaluation/checkpoint callbacks read the device.
-        callbacks.insert(0, HostSyncCheck(cfg.train.host_sync_check))
+        # First, so that in step scope its window closes before the sample/evaluation/checkpoint callbacks read
+        # the device.
+        scope = cfg.train.get("host_sync_scope", "loop")
+        callbacks.insert(0, HostSyncCheck(cfg.train.host_sync_check, scope=scope))
     if not cfg.train.progress_bar:
         callbacks = [c for c in callbacks if not isinstance(c, ProgressBar)]
     return L.Trainer(

@@ -5,19 +5,30 @@ A GPU iteration is fast only while Python runs ahead of the kernels it queues; e
 core keeps its non-finite guard, GradScaler skip, clipping, EMA, lazy R1, ADA and schedules on the device and reads
 values only at logging iterations (`train.log_every_n_steps`); `train.host_sync_check=warn|error` checks that.
 
-Between `on_train_batch_start` and `on_train_batch_end` of every iteration that will not log:
+The window of an iteration that will not log (`train.host_sync_scope`):
+- `loop` (the default): the whole Lightning loop of that iteration, from `on_train_batch_start` through
+  `training_step`, every callback's `on_train_batch_end` (progress bar, loggers' hooks), Lightning's bookkeeping
+  after them (the logger connector, the step's end) and the fetch of the next batch, up to the next
+  `on_train_batch_start`. At an iteration where another callback does its every-N-iterations work (samples,
+  evaluation, checkpoints: `every_n_steps`) or that turns out to be the last, the window closes at this
+  callback's own batch end: those read the device on purpose.
+- `step`: from `on_train_batch_start` to this callback's `on_train_batch_end` (it is first in the list): the
+  module's step only.
+Inside the window:
 - on CUDA, `torch.cuda.set_sync_debug_mode` makes every synchronising CUDA call warn or raise (the real proof);
 - on other devices, a dispatch mode counts the aten ops that synchronise on CUDA (`SYNCING_OPS`, boolean-mask
   indexing) and the value reads that are device-to-host copies on CUDA (`.tolist()`, `.numpy()`, `.cpu()`), so
   CPU CI exercises the same check on the same code. It cannot tell a tensor that lives on the host on purpose (an
-  optimizer's CPU step count) from one that would be on the GPU; warn mode lists them with their lines.
-Logging iterations, the last one and what other callbacks do after the step (samples, evaluation, checkpoints) are
-outside the window: they read the device on purpose.
+  optimizer's CPU step count) from one that would be on the GPU; warn mode lists them with their lines. What a
+  DataLoader's sampler, dataset and collate do is host work by design and is not counted.
+Logging iterations and the last one are outside the window: they read the device on purpose. The first iteration
+of a fit is left out too (it creates the device-side state).
 """
 
 from __future__ import annotations
 
 import logging
+import sys
 import traceback
 from typing import Any
 
@@ -25,7 +36,7 @@ import lightning as L
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from pixelsmith.core.config import HOST_SYNC_MODES
+from pixelsmith.core.config import HOST_SYNC_MODES, HOST_SYNC_SCOPES
 from pixelsmith.core.host_reads import host_reads_are_allowed
 from pixelsmith.errors import PixelsmithError
 
@@ -83,6 +94,8 @@ class SyncCounter(TorchDispatchMode):
         return read
 
     def _found(self, name: str) -> None:
+        if _in_host_data_loading():
+            return
         where = _caller()
         self.events.append((name, where))
         if self.raise_on_sync:
@@ -109,6 +122,21 @@ def _has_bool_index(args: tuple) -> bool:
     return any(torch.is_tensor(i) and i.dtype == torch.bool for i in indices)
 
 
+def _in_host_data_loading() -> bool:
+    # A DataLoader's sampler, dataset and collate work on host tensors by design (in the main process when it has
+    # no workers): on a GPU they run before the batch is copied to the device and cannot wait for it. Batches that
+    # live on the device (data/on_device.py) are no DataLoader and stay checked.
+    frame = sys._getframe(2)
+    while frame is not None:
+        if _DATA_LOADING in frame.f_code.co_filename.replace("\\", "/"):
+            return True
+        frame = frame.f_back
+    return False
+
+
+_DATA_LOADING = "/torch/utils/data/"
+
+
 def _caller() -> str:
     # The innermost frame outside torch and this file: the line a user would change.
     for frame in reversed(traceback.extract_stack()[:-2]):
@@ -118,18 +146,24 @@ def _caller() -> str:
 
 
 class HostSyncCheck(L.Callback):
-    """Check iterations that do not log for host-device synchronisation; `mode` is "warn" or "error".
+    """Check iterations that do not log for host-device synchronisation; `mode` is "warn" or "error", `scope`
+    "loop" (the whole Lightning loop of such an iteration) or "step" (the module's step): see the module docstring.
 
-    `checked` counts the iterations checked and `events` holds (iteration, op, location) of every sync found.
-    Put it first in the callback list so its window closes before other callbacks' batch-end work.
+    `checked` counts the iterations checked and `events` holds (iteration, op, location) of every sync found (on a
+    CPU; on CUDA the sync debug mode warns or raises itself). Put it first in the callback list.
     """
 
-    def __init__(self, mode: str = "error"):
+    def __init__(self, mode: str = "error", scope: str = "loop"):
         if mode not in ("warn", "error"):
             raise PixelsmithError(
                 f"train.host_sync_check={mode!r} is unknown; choose one of {', '.join(HOST_SYNC_MODES)}."
             )
+        if scope not in HOST_SYNC_SCOPES:
+            raise PixelsmithError(
+                f"train.host_sync_scope={scope!r} is unknown; choose one of {', '.join(HOST_SYNC_SCOPES)}."
+            )
         self.mode = mode
+        self.scope = scope
         self.checked = 0
         self.events: list[tuple[int, str, str]] = []
         self._counter: SyncCounter | None = None
@@ -142,8 +176,30 @@ class HostSyncCheck(L.Callback):
         coming = module.iteration + 1
         return coming % core.log_every_n_steps == 0 or coming >= core.max_steps
 
+    @staticmethod
+    def _periodic_work_now(trainer, pl_module) -> bool:
+        """Whether another callback does its every-N-iterations work at the iteration just finished (it reads the
+        device on purpose: a sample grid, an evaluation, a checkpoint)."""
+        iteration = int(pl_module.iteration)
+        for callback in trainer.callbacks:
+            every = getattr(callback, "every_n_steps", None)
+            if isinstance(every, int) and every > 0 and iteration % every == 0:
+                return True
+        return False
+
     def on_train_start(self, trainer, pl_module) -> None:
         self._first_batch = True
+        if self.scope == "loop" and trainer.world_size > 1:
+            # Lightning 2.6 broadcasts its SIGTERM flag and reads it with `.item()` at the start of every
+            # iteration under several processes (`_TrainingEpochLoop._broadcast_sigterm_tensor`): a sync the loop
+            # scope would report on every iteration, and not the template's to remove.
+            log.warning(
+                "train.host_sync_scope=loop under %d processes: Lightning reads a broadcast SIGTERM flag on the "
+                "host at the start of every iteration; checking from on_train_batch_start to this check's "
+                "on_train_batch_end only (host_sync_scope=step).",
+                trainer.world_size,
+            )
+            self.scope = "step"
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
         # The first iteration of a fit (fresh or resumed) is left out: it creates the device-side state (guard
@@ -151,9 +207,32 @@ class HostSyncCheck(L.Callback):
         # the time budget decides) are marked deliberate (`core/host_reads.py`) and pass.
         first, self._first_batch = self._first_batch, False
         if first or self._logs_this_iteration(pl_module):
+            self._close()
             return
+        self._open(pl_module)
+        self._drain()  # what the window saw since the previous iteration's step: its loop tail and this fetch
         self._iteration = pl_module.iteration
         self.checked += 1
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        # In loop scope the window stays open through the other callbacks, Lightning's bookkeeping and the next
+        # fetch; the next `on_train_batch_start` (or the epoch's end) closes it if that iteration logs.
+        # An iteration that turned out to be the last (the time budget, a preemption signal) logs: close too.
+        if self.scope == "step" or trainer.should_stop or self._periodic_work_now(trainer, pl_module):
+            self._close()
+
+    def on_train_epoch_end(self, trainer, pl_module) -> None:
+        self._close()  # epoch-end hooks and metrics may read the device on purpose
+
+    def on_train_end(self, trainer, pl_module) -> None:
+        self._close()
+
+    def on_exception(self, trainer, pl_module, exception) -> None:
+        self._close()
+
+    def _open(self, pl_module: Any) -> None:
+        if self._cuda_mode_before is not None or self._counter is not None:
+            return  # still open since the previous iteration (loop scope)
         if pl_module.device.type == "cuda":
             # CUDA's own check sees every synchronising call, copies included; a dispatch mode on top would only
             # slow the iteration down and make torch.compile'd networks recompile under it.
@@ -163,22 +242,22 @@ class HostSyncCheck(L.Callback):
         self._counter = SyncCounter(raise_on_sync=self.mode == "error")
         self._counter.__enter__()
 
-    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
-        self._close(pl_module)
+    def _drain(self) -> None:
+        if self._counter is None:
+            return
+        for op, where in self._counter.events:
+            self.events.append((self._iteration, op, where))
+            log.warning(
+                "Iteration %d: %s made the host wait for the device (at %s).", self._iteration, op, where
+            )
+        self._counter.events = []
 
-    def on_exception(self, trainer, pl_module, exception) -> None:
-        self._close(pl_module)
-
-    def _close(self, pl_module: Any) -> None:
+    def _close(self) -> None:
         if self._cuda_mode_before is not None:
             torch.cuda.set_sync_debug_mode(self._cuda_mode_before)
             self._cuda_mode_before = None
         if self._counter is None:
             return
+        self._drain()
         counter, self._counter = self._counter, None
         counter.__exit__(None, None, None)
-        for op, where in counter.events:
-            self.events.append((self._iteration, op, where))
-            log.warning(
-                "Iteration %d: %s made the host wait for the device (at %s).", self._iteration, op, where
-            )

@@ -34,9 +34,15 @@ class HostSyncMode(StrEnum):  # train.host_sync_check (callbacks/host_sync.py)
     ERROR = "error"
 
 
+class HostSyncScope(StrEnum):  # train.host_sync_scope (callbacks/host_sync.py)
+    LOOP = "loop"
+    STEP = "step"
+
+
 PRECISIONS = values(Precision)
 SCHEDULES = values(Schedule)
 HOST_SYNC_MODES = values(HostSyncMode)
+HOST_SYNC_SCOPES = values(HostSyncScope)
 
 
 @dataclass
@@ -100,6 +106,9 @@ class TrainLoopConfig:
     # off | warn | error: iterations that log nothing must not make the host wait for the device
     # (callbacks/host_sync.py; CUDA's sync debug mode on a GPU, a count of syncing ops everywhere)
     host_sync_check: str = choice(HostSyncMode, "off")
+    # loop: the whole Lightning loop of such an iteration (the fetch, every callback, the bookkeeping); step: from
+    # on_train_batch_start to the check's own on_train_batch_end
+    host_sync_scope: str = choice(HostSyncScope, "loop")
     # Resume from <run dir>/checkpoints/last.ckpt when the run dir has one and no ckpt_path is given (a requeued
     # SLURM job, a restarted Kubernetes pod, a torchrun restart, a rerun with the same hydra.run.dir).
     auto_resume: bool = True

@@ -56,8 +56,9 @@ class IterationSampler(Sampler[int]):
             for position in range(first, first + self.batch_per_rank):
                 e, k = divmod(position, self.n)
                 if e != epoch:
-                    epoch, perm = e, self.permutation(e)
-                yield int(perm[k])
+                    # One list per epoch instead of a tensor index and an int() per sample.
+                    epoch, perm = e, self.permutation(e).tolist()
+                yield perm[k]
 
     def __len__(self) -> int:
         return self.num_iterations * self.batch_per_rank

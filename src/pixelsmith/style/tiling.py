@@ -25,6 +25,7 @@ went: copy in, network, blend, copy out (decode and encode are added by `stylize
 
 from __future__ import annotations
 
+import logging
 import math
 import time
 from collections.abc import Callable, Iterator
@@ -48,6 +49,8 @@ PRECISION_ALIASES = {
 }
 
 InstanceStatistics = dict[str, tuple[Tensor, Tensor]]
+
+log = logging.getLogger(__name__)
 
 
 def autocast_for(precision: str, device: torch.device | str):
@@ -565,6 +568,15 @@ def stylize_tiled(
             tile = min(tile, CPU_MAX_AUTO_TILE)
         if not whole:
             overlap = min(overlap, tile // 4)  # a small planned tile keeps room to advance
+        log.info(
+            "tile=auto for %dx%d on %s: %s (budget %.2f GB, %.0f bytes per pixel).",
+            width,
+            height,
+            device,
+            "the whole image" if whole else f"{tile}-px tiles",
+            plan.budget_bytes / 1e9,
+            plan.bytes_per_pixel,
+        )
     if not isinstance(tile, int):
         raise ValueError(f"tile={tile!r}: a number of pixels or 'auto'.")
     if overlap < 0 or (overlap >= tile and not whole):
@@ -579,6 +591,13 @@ def stylize_tiled(
                 raise
             if device.type == "cuda":
                 torch.cuda.empty_cache()
+            # Said, not silent: each retry costs a failed pass, and a smaller memory_fraction plans it right away.
+            log.warning(
+                "tile=auto: %s ran out of memory on %s; retrying with %d-px tiles.",
+                "the whole image" if whole else f"{tile}-px tiles",
+                device,
+                smaller,
+            )
             tile, whole, overlap = smaller, False, min(overlap, smaller // 4)
 
 

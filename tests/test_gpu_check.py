@@ -1,0 +1,384 @@
+"""`python -m benchmarks.gpu_check`: each stage's logic on a CPU, its table, and what a failing, hanging or
+time-starved sub-step becomes (a row that says so, never a crash). The sub-steps that take minutes (GPU benchmark
+cells, style training runs) are replaced by canned results here; the pytest, train and stylize paths run for real,
+shrunk."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from benchmarks import gpu_check
+from benchmarks.gpu_check import Deadline, Environment, parse_pytest_output, run_bounded
+
+pytestmark = pytest.mark.bench
+
+CPU = Environment(
+    device="cpu",
+    device_name="Test CPU (2 logical CPUs)",
+    torch="2.14.1",
+    cuda=None,
+    cudnn=None,
+    driver=None,
+    python="3.11.7",
+)
+
+# What `pytest -m gpu -v -ra --durations=20` printed on a GPU machine (shortened; the names are the GPU set's).
+CANNED_PYTEST = """\
+============================= test session starts ==============================
+platform linux -- Python 3.12.3, pytest-8.3.4, pluggy-1.5.0 -- /usr/bin/python
+pixelsmith test selection: gpu (`pytest --all` runs every test, as CI does)
+rootdir: /app
+configfile: pyproject.toml
+collecting ... collected 40 items / 2 deselected / 4 selected
+
+tests/test_gpu.py::test_gan_trains_on_the_gpu[auto] PASSED               [ 25%]
+tests/test_gpu.py::test_gan_trains_on_the_gpu[auto-32-true] FAILED       [ 50%]
+tests/test_gpu.py::test_gpu_memory_is_released_after_a_run SKIPPED (CUDA memory counters) [ 75%]
+tests/test_gpu.py::test_a_sync_outside_the_step_fails_the_whole_loop_check[the batch fetch] ERROR [100%]
+
+=================================== FAILURES ===================================
+___________________ test_gan_trains_on_the_gpu[auto-32-true] ___________________
+E       AssertionError: nothing was compiled | counters empty
+============================= slowest 20 durations =============================
+48.31s call     tests/test_gpu.py::test_gan_trains_on_the_gpu[auto]
+12.02s setup    tests/test_gpu.py::test_a_sync_outside_the_step_fails_the_whole_loop_check[the batch fetch]
+0.51s teardown tests/test_gpu.py::test_gan_trains_on_the_gpu[auto]
+=========================== short test summary info ============================
+SKIPPED [1] tests/test_gpu.py:214: CUDA memory counters
+FAILED tests/test_gpu.py::test_gan_trains_on_the_gpu[auto-32-true] - AssertionError: nothing was compiled | counters
+ERROR tests/test_gpu.py::test_a_sync_outside_the_step_fails_the_whole_loop_check[the batch fetch] - RuntimeError: boom
+====== 1 failed, 1 passed, 1 skipped, 2 deselected, 3 warnings, 1 error in 301.55s (0:05:01) ======
+"""
+
+
+def test_the_pytest_parser_reads_counts_failures_and_the_slowest_tests():
+    summary = parse_pytest_output(CANNED_PYTEST)
+    assert summary.counts == {
+        "failed": 1,
+        "passed": 1,
+        "skipped": 1,
+        "deselected": 2,
+        "warnings": 3,
+        "errors": 1,
+    }
+    assert summary.seconds == 301.55
+    assert summary.failures == [
+        ("FAILED", "tests/test_gpu.py::test_gan_trains_on_the_gpu[auto-32-true]", "AssertionError: nothing was compiled | counters"),
+        ("ERROR", "tests/test_gpu.py::test_a_sync_outside_the_step_fails_the_whole_loop_check[the batch fetch]", "RuntimeError: boom"),
+    ]  # fmt: skip
+    assert summary.slowest[0] == (48.31, "call", "tests/test_gpu.py::test_gan_trains_on_the_gpu[auto]")
+    assert [s[1] for s in summary.slowest] == ["call", "setup", "teardown"]
+    assert summary.outcomes["tests/test_gpu.py::test_gpu_memory_is_released_after_a_run"] == "SKIPPED"
+    assert summary.running is None  # the run finished
+
+
+def test_a_pytest_run_cut_off_is_counted_from_its_lines_and_names_the_test_it_was_in():
+    cut_off = (
+        "\n".join(CANNED_PYTEST.splitlines()[:9])
+        + "\ntests/test_gpu.py::test_evaluate_and_stylize_run_on_cuda "
+    )
+    summary = parse_pytest_output(cut_off)
+    assert summary.counts == {"passed": 1, "failed": 1} and summary.seconds is None
+    assert summary.running == "tests/test_gpu.py::test_evaluate_and_stylize_run_on_cuda"
+
+
+def test_a_sub_step_that_hangs_is_killed_with_its_children_at_its_limit(tmp_path):
+    """A child whose own child holds the output open (a compile or loader worker) is no reason to wait."""
+    hang = "import subprocess, sys, time; subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(120)']); "
+    hang += "print('started', flush=True); time.sleep(120)"
+    started = time.monotonic()
+    outcome = run_bounded([sys.executable, "-c", hang], 3.0, tmp_path / "hang.log")
+    assert time.monotonic() - started < 30
+    assert outcome.timed_out and outcome.returncode is None and not outcome.ok
+    assert "started" in outcome.output and outcome.problem().startswith("timed out after 3 s")
+    failing = run_bounded(
+        [sys.executable, "-c", "raise SystemExit('bad value: x=3')"], 60.0, tmp_path / "f.log"
+    )
+    assert failing.returncode == 1 and failing.problem() == "exit 1: bad value: x=3"
+
+
+def test_the_deadline_cuts_each_sub_step_to_what_is_left():
+    now = [0.0]
+    deadline = Deadline(100.0, clock=lambda: now[0])
+    assert deadline.timeout_for(60.0) == 60.0
+    now[0] = 50.0
+    assert deadline.timeout_for(60.0) == 100.0 - 50.0 - gpu_check.RESERVE_SECONDS
+    now[0] = 100.0 - gpu_check.RESERVE_SECONDS - gpu_check.MIN_STEP_SECONDS + 1
+    assert deadline.timeout_for(60.0) is None  # too little left: skipped, and said
+
+
+def test_without_cuda_the_device_is_a_cpu_dry_run_and_cuda_is_refused(monkeypatch, tmp_path):
+    probe = json.dumps({"torch": "2.14.1", "cuda": None, "cuda_available": False, "python": "3.11.7"})
+
+    def fake_run(command, timeout, log_path, env=None):
+        return gpu_check.StepOutcome(0, False, 0.1, log_path, probe + "\n")
+
+    monkeypatch.setattr(gpu_check, "run_bounded", fake_run)
+    env = gpu_check.probe_environment("auto", tmp_path)
+    assert env.device == "cpu" and env.dry_run and "logical CPUs" in env.device_name
+    with pytest.raises(SystemExit, match="--device cuda, but torch sees no CUDA device"):
+        gpu_check.probe_environment("cuda", tmp_path)
+
+
+@pytest.fixture
+def cpu_here(monkeypatch):
+    """The environment probe (a child that imports torch: seconds) answered at once."""
+    monkeypatch.setattr(gpu_check, "probe_environment", lambda choice, work: CPU)
+
+
+def _table(out: Path, stage: str) -> tuple[str, dict]:
+    return (out / f"{stage}.md").read_text(), json.loads((out / f"{stage}.json").read_text())
+
+
+def _header_is_complete(markdown: str, stage: str) -> None:
+    assert markdown.startswith(f"# GPU check: {stage}\n")
+    assert "**Test CPU (2 logical CPUs)** (cpu)" in markdown and "torch 2.14.1" in markdown
+    assert f"`python -m benchmarks.gpu_check --stage {stage}" in markdown
+    assert "CPU dry-run numbers, not GPU figures" in markdown
+    assert markdown.count("\n|---") == 1  # one table
+
+
+FAKE_TESTS = """
+import time, pytest
+
+def test_passes():
+    time.sleep(0.05)  # above pytest's durations-min: listed among the slowest
+
+def test_fails():
+    time.sleep(0.05)
+    assert 1 == 2, "one is not two"
+
+@pytest.mark.skip(reason="not here")
+def test_skipped():
+    pass
+
+def test_sleeps_if_asked():
+    import os
+    time.sleep(float(os.environ.get("FAKE_SLEEP", "0")))
+"""
+
+
+def test_the_tests_stage_runs_pytest_and_tables_counts_failures_and_durations(tmp_path, cpu_here):
+    tests = tmp_path / "test_fake.py"
+    tests.write_text(FAKE_TESTS)
+    out = tmp_path / "out"
+    code = gpu_check.main(["--stage", "tests", "--out", str(out), "--pytest-args", str(tests)])
+    assert code == 1  # a test failed
+    markdown, table = _table(out, "tests")
+    _header_is_complete(markdown, "tests")
+    assert table["columns"] == ["row", "what", "result", "detail", "status"]
+    rows = table["rows"]
+    assert rows[0]["row"] == "pytest" and rows[0]["result"] == "1 failed, 2 passed, 1 skipped"
+    assert rows[0]["status"] == "fail" and rows[0]["data"]["counts"]["failed"] == 1
+    (failed,) = [r for r in rows if r["row"] == "failed"]
+    assert failed["what"].endswith("test_fake.py::test_fails") and "one is not two" in failed["detail"]
+    assert {r["what"].rsplit("::", 1)[-1] for r in rows if r["row"] == "slow"} >= {
+        "test_passes",
+        "test_fails",
+    }
+
+
+def test_a_pytest_run_past_the_stage_limit_becomes_a_timeout_row_naming_the_test(
+    tmp_path, cpu_here, monkeypatch
+):
+    tests = tmp_path / "test_fake.py"
+    tests.write_text(FAKE_TESTS)
+    monkeypatch.setenv("FAKE_SLEEP", "120")
+    out = tmp_path / "out"
+    limit = gpu_check.RESERVE_SECONDS + 12  # 12 s for pytest itself
+    code = gpu_check.main(
+        ["--stage", "tests", "--out", str(out), "--pytest-args", str(tests), "--time-limit", str(limit)]
+    )
+    assert code == 1
+    rows = _table(out, "tests")[1]["rows"]
+    assert rows[0]["status"] == "timeout" and re.match(
+        r"timed out after 1\d s; before that:", rows[0]["result"]
+    )
+    assert "1 passed" in rows[0]["result"] and "1 failed" in rows[0]["result"]
+    (running,) = [r for r in rows if r["row"] == "running at the time limit"]
+    assert running["what"].endswith("test_fake.py::test_sleeps_if_asked")
+
+
+def test_the_train_stage_tables_the_main_job_shrunk_for_a_cpu(tmp_path, cpu_here):
+    out = tmp_path / "out"
+    assert gpu_check.main(["--stage", "train", "--out", str(out)]) == 0
+    markdown, table = _table(out, "train")
+    _header_is_complete(markdown, "train")
+    rows = {r["measure"]: r for r in table["rows"]}
+    assert "train.time_budget_minutes=null" in rows["command"]["value"]
+    assert rows["process"]["status"] == "ok"
+    assert rows["iterations, stop reason"]["value"] == "4 of 4, max_steps"
+    curve = rows["FID curve (iteration: FID, eval_history.json)"]["data"]["fid_curve"]
+    assert [iteration for iteration, _ in curve] == [0, 2, 4] and all(fid > 0 for _, fid in curve)
+    assert any(key.startswith("img/s") for key in rows) and not any("target" in key for key in rows)
+
+
+def test_a_train_run_that_fails_becomes_rows_that_say_so(tmp_path, cpu_here, monkeypatch):
+    def failing_run(command, timeout, log_path, env=None):
+        log_path.parent.mkdir(parents=True, exist_ok=True)
+        return gpu_check.StepOutcome(
+            1, False, 4.0, log_path, "Traceback ...\nRuntimeError: CUDA error: boom\n"
+        )
+
+    monkeypatch.setattr(gpu_check, "run_bounded", failing_run)
+    out = tmp_path / "out"
+    assert gpu_check.main(["--stage", "train", "--out", str(out)]) == 1
+    rows = {r["measure"]: r for r in _table(out, "train")[1]["rows"]}
+    assert rows["process"] == {
+        "measure": "process",
+        "value": "exit 1: RuntimeError: CUDA error: boom",
+        "status": "fail",
+        "data": rows["process"]["data"],
+    }
+    assert rows["iterations, stop reason"]["value"] == "no result"
+    assert rows["FID curve (iteration: FID, eval_history.json)"]["status"] == "fail"
+
+
+def _canned_gan_child(times_out: set[str], fails: set[str]):
+    """A stand-in for `gan_bench.run_child`: img/s by kind (template half the graph's), a failure and a hang."""
+    rates = {"template": 1000.0, "plain": 1020.0, "graphed": 2000.0}
+
+    def run_child(spec, timeout):
+        kind = spec["kind"] + ("_graphs" if "hardware.cuda_graphs=true" in spec["extra_overrides"] else "")
+        cell = spec["cell"]
+        assert "train.time_budget_minutes=null" in spec["extra_overrides"]
+        if f"{cell['precision']} {kind}" in times_out:
+            raise subprocess.TimeoutExpired("python -m benchmarks.gan_bench --child", timeout)
+        if f"{cell['precision']} {kind}" in fails:
+            return {
+                "kind": spec["kind"],
+                "cell": cell,
+                "error": "exit 1: Traceback\nKeyError: 'hardware.cuda_graphs'",
+            }
+        rate = rates.get(kind, 1500.0) * (2.0 if cell["precision"] == "bf16-mixed" else 1.0)
+        result = {"kind": spec["kind"], "cell": cell, "img_per_s": rate}
+        if spec["count_flops"]:
+            result["flops_per_iteration"] = 4e9
+        return result
+
+    return run_child
+
+
+def test_the_bench_stage_tables_every_cell_mfu_and_the_targets_ratios(tmp_path, cpu_here, monkeypatch):
+    from benchmarks import gan_bench
+
+    monkeypatch.setattr(
+        gan_bench, "run_child", _canned_gan_child({"32-true graphed"}, {"bf16-mixed template_graphs"})
+    )
+    monkeypatch.setattr(gpu_check, "peak_flops", lambda precision, env: (1e12, "test peak"))
+    monkeypatch.setattr(gpu_check, "_has_cuda_graphs_key", lambda: False)
+    out = tmp_path / "out"
+    assert gpu_check.main(["--stage", "bench", "--out", str(out)]) == 1  # a failed and a timed-out cell
+    markdown, table = _table(out, "bench")
+    _header_is_complete(markdown, "bench")
+    assert table["columns"] == ["cell", "kind", "img_per_s", "mfu", "gflop_per_iteration", "result", "status"]
+    rows = {(r["cell"], r["kind"]): r for r in table["rows"]}
+    bf16, fp32 = "DCGAN-32 b8 bf16-mixed", "DCGAN-32 b8 32-true"
+    template = rows[bf16, "template"]
+    assert template["img_per_s"] == 2000.0 and template["status"] == "ok"
+    assert template["mfu"] == f"{100 * 4e9 * 2000.0 / 8 / 1e12:.1f}%"  # FLOPs x iterations/s / peak
+    assert template["gflop_per_iteration"] == 4.0
+    failed = rows[bf16, "template, hardware.cuda_graphs=true"]
+    assert (
+        failed["status"] == "fail"
+        and "hardware.cuda_graphs is not in this checkout's hardware schema" in failed["result"]
+    )
+    hung = rows[fp32, "hand-captured graph (plain step)"]
+    assert hung["status"] == "fail" and hung["result"] == "timed out after 240 s (killed)"
+    assert rows["StyleGAN2-32 tiny b4 bf16-mixed", "plain loop"]["status"] == "ok"
+    ratios = {r["kind"]: r for r in table["rows"] if r["cell"] == "ratio"}
+    assert ratios["template / hand-captured graph (bf16; target >= 0.7)"]["result"] == "0.500"
+    assert ratios["bf16 / fp32, template (target >= 1)"]["result"] == "2.000"
+    assert (
+        ratios["plain / template, not captured (template overhead + 1; target <= 1.03)"]["result"] == "1.020"
+    )
+    missing = ratios["template with cuda_graphs / hand-captured graph (bf16; target >= 0.7)"]
+    assert missing["result"] == "n/a (a run is missing)" and missing["status"] == "n/a"
+    assert all(r["status"] in ("info", "n/a") for r in ratios.values())  # a dry run checks no target
+
+
+def test_bench_cells_past_the_stage_limit_are_rows_saying_no_time_was_left(tmp_path, cpu_here, monkeypatch):
+    from benchmarks import gan_bench
+
+    now = [0.0]
+    canned = _canned_gan_child(set(), set())
+
+    def slow_child(spec, timeout):
+        now[0] += 100.0  # every cell takes 100 s of the stage's 540
+        return canned(spec, timeout)
+
+    monkeypatch.setattr(gan_bench, "run_child", slow_child)
+    monkeypatch.setattr(gpu_check, "Deadline", lambda seconds: Deadline(seconds, clock=lambda: now[0]))
+    monkeypatch.setattr(gpu_check, "peak_flops", lambda precision, env: (1e12, "test peak"))
+    monkeypatch.setattr(gpu_check, "_has_cuda_graphs_key", lambda: True)
+    out = tmp_path / "out"
+    gpu_check.main(["--stage", "bench", "--out", str(out)])
+    rows = [r for r in _table(out, "bench")[1]["rows"] if r["cell"] != "ratio"]
+    ran = [r for r in rows if r["status"] == "ok"]
+    skipped = [r for r in rows if r["status"] == "skip"]
+    assert len(ran) == 6 and len(ran) + len(skipped) == len(rows) == 10
+    assert all(r["result"] == "skipped: no time left in the stage's 540 s" for r in skipped)
+    # The first cell's four kinds ran first (issue 21's ratios need them), then the other cells' templates.
+    assert {(r["cell"], r["kind"]) for r in ran} >= {
+        ("DCGAN-32 b8 bf16-mixed", kind) for kind in gpu_check.KIND_LABELS.values()
+    } | {("DCGAN-32 b8 32-true", "template"), ("StyleGAN2-32 tiny b4 bf16-mixed", "template")}
+
+
+def test_the_style_stage_stylizes_for_real_and_tables_training_and_the_no_sync_runs(
+    tmp_path, cpu_here, monkeypatch
+):
+    from benchmarks import style_bench
+
+    def style_child(spec, timeout):
+        if spec["kind"] == "plain":
+            raise SystemExit("style bench child failed (plain 32-true):\nRuntimeError: the plain loop broke")
+        return {
+            "kind": spec["kind"],
+            "precision": spec["precision"],
+            "img_per_s": 12.5,
+            "median_iteration_ms": 80,
+        }
+
+    real_run = gpu_check.run_bounded
+
+    def no_sync_runs(command, timeout, log_path, env=None):
+        if "train.py" not in command:
+            return real_run(command, timeout, log_path, env)  # the stylize child runs for real
+        assert "train.host_sync_check=error" in command and "train.time_budget_minutes=null" in command
+        if "model=stylegan2" in command:
+            message = "RuntimeError: called a synchronizing CUDA operation\n"
+            return gpu_check.StepOutcome(
+                1, False, 5.0, log_path, "Traceback (most recent call last):\n" + message
+            )
+        if "experiment=style_fast" in command:
+            return gpu_check.StepOutcome(None, True, timeout, log_path, "Training ...")
+        return gpu_check.StepOutcome(0, False, 5.0, log_path, "done")
+
+    monkeypatch.setattr(style_bench, "run_child", style_child)
+    monkeypatch.setattr(gpu_check, "run_bounded", no_sync_runs)
+    out = tmp_path / "out"
+    assert gpu_check.main(["--stage", "style", "--out", str(out)]) == 1
+    markdown, table = _table(out, "style")
+    _header_is_complete(markdown, "style")
+    rows = {r["step"]: r for r in table["rows"]}
+    for fmt in ("PNG", "JPG"):
+        stylized = rows[f"stylize 256x144 (tile=auto, 32-true) -> {fmt}"]
+        assert stylized["status"] == "ok" and set(stylized["data"]["stages"]) == {
+            "decode", "copy_in", "network", "blend", "copy_out", "encode",
+        }  # fmt: skip
+        assert stylized["data"]["stages"]["network"] > 0 and "network" in stylized["value"]
+    assert "256x144 on cpu: the whole image" in rows["stylize 256x144 (tile=auto, 32-true)"]["value"]
+    assert rows["style training 64 px b2 32-true, template"]["value"] == 12.5
+    plain = rows["style training 64 px b2 32-true, plain"]
+    assert plain["status"] == "fail" and plain["value"] == "RuntimeError: the plain loop broke"
+    assert rows["no host sync: main job (DCGAN, data on the device)"]["status"] == "ok"
+    synced = rows["no host sync: StyleGAN2, lazy R1 through ADA"]
+    assert synced["status"] == "fail" and "called a synchronizing CUDA operation" in synced["value"]
+    assert rows["no host sync: style_fast (a DataLoader)"]["status"] == "timeout"
