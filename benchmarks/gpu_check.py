@@ -588,17 +588,11 @@ def bench_schedule(cells: list[BenchCell]) -> list[tuple[BenchCell, str]]:
 
 
 def _gan_spec(
-    cell: BenchCell, kind: str, env: Environment, args, work: Path, graphs_key: bool, count_flops: bool
+    cell: BenchCell, kind: str, env: Environment, args, work: Path, count_flops: bool
 ) -> dict[str, Any]:
     from benchmarks.gan_bench import Cell
 
     extra = [NO_BUDGET, *cell.extra]
-    if kind == "template_graphs":
-        extra.append("hardware.cuda_graphs=true")
-    elif kind == "template" and graphs_key:
-        extra.append(
-            "hardware.cuda_graphs=false"
-        )  # the eager template column, whatever the profile's default
     gpu = not env.dry_run
     return {
         "hardware": "auto" if gpu else "cpu",
@@ -607,7 +601,8 @@ def _gan_spec(
         "steps": cell.steps,
         "threads": None,
         "extra_overrides": extra,
-        "kind": "template" if kind == "template_graphs" else kind,
+        # gan_bench sets hardware.cuda_graphs from the kind: true for "template_graphed", false for "template".
+        "kind": "template_graphed" if kind == "template_graphs" else kind,
         # The GPU profiles' switches (compile, channels_last, fused Adam); a dry run does not compile.
         "cell": asdict(
             Cell(cell.model, cell.precision, True, gpu and args.compile, cell.batch_size, "fused")
@@ -615,19 +610,6 @@ def _gan_spec(
         "output_dir": str(work / re.sub(r"[^A-Za-z0-9_.-]+", "_", f"{cell.label}_{kind}")),
         "count_flops": count_flops,  # once per cell: the same networks do the same FLOPs in every kind
     }
-
-
-def _has_cuda_graphs_key() -> bool:
-    """Whether this checkout's hardware schema has `cuda_graphs` (the template's own capture)."""
-    import tempfile
-
-    from benchmarks.harness import compose
-
-    try:
-        with tempfile.TemporaryDirectory() as scratch:
-            return "cuda_graphs" in compose(["hardware=cpu"], Path(scratch)).hardware
-    except Exception:  # noqa: BLE001  (any composition trouble: the column will say what it is)
-        return False
 
 
 def run_gan_child(spec: dict[str, Any], timeout: float) -> dict[str, Any]:
@@ -673,7 +655,6 @@ def stage_bench(args, env: Environment, report: StageReport, deadline: Deadline)
     cells = bench_cells(env.dry_run)
     if args.only:
         cells = [c for c in cells if any(part.lower() in c.label.lower() for part in args.only)]
-    graphs_key = _has_cuda_graphs_key()
     results: dict[tuple[str, str], dict[str, Any]] = {}
     flops_of: dict[str, float] = {}
     for cell, kind in bench_schedule(cells):
@@ -681,16 +662,11 @@ def stage_bench(args, env: Environment, report: StageReport, deadline: Deadline)
         if timeout is None:
             results[cell.label, kind] = {"skipped": f"no time left in the stage's {deadline.seconds:.0f} s"}
         else:
-            spec = _gan_spec(cell, kind, env, args, report.work, graphs_key, cell.label not in flops_of)
+            spec = _gan_spec(cell, kind, env, args, report.work, cell.label not in flops_of)
             result = run_gan_child(spec, timeout)
             results[cell.label, kind] = result
             if "flops_per_iteration" in result:
                 flops_of[cell.label] = result["flops_per_iteration"]
-            if kind == "template_graphs" and "error" in result and not graphs_key:
-                result["error"] = (
-                    "hardware.cuda_graphs is not in this checkout's hardware schema (the template's own capture "
-                    "is not built yet): " + result["error"].splitlines()[-1][:200]
-                )
         _bench_rows(report, cells, results, flops_of, env)
         report.write()
     peaks = sorted(
