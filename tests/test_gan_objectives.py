@@ -23,8 +23,7 @@ from pixelsmith.gan.objectives import (
     Regularizer,
 )
 from pixelsmith.train import run
-from tests.conftest import FAST, SMALL, bare_trainer, compose_config
-from tests.test_train_gan import _metrics_rows, _series
+from tests.conftest import FAST, SMALL, bare_trainer, compose_config, metrics_rows, series
 
 R1 = "model.objective.regularizers.r1"
 
@@ -154,7 +153,7 @@ def test_a_forks_regulariser_runs_as_its_own_phase_from_the_config(make_cfg, tmp
         "+model.objective.regularizers.drift.interval=2",
     )
     run(cfg)
-    drift = _series(_metrics_rows(tmp_path / "run"), "loss/drift")
+    drift = series(metrics_rows(tmp_path / "run"), "loss/drift")
     assert len(drift) == 3 and all(v > 0 for v in drift)  # iterations 0, 2, 4: logged at 2, 4, 6
 
 
@@ -169,10 +168,10 @@ def test_path_length_regularisation_trains_stylegan2_and_tracks_its_mean(make_cf
         model="stylegan2",
     )
     run(cfg)
-    rows = _metrics_rows(tmp_path / "run")
-    pl_mean = _series(rows, "pl/mean")
+    rows = metrics_rows(tmp_path / "run")
+    pl_mean = series(rows, "pl/mean")
     assert len(pl_mean) == 2 and pl_mean[0] > 0 and pl_mean[0] != pl_mean[1]
-    assert all(torch.isfinite(torch.tensor(_series(rows, "loss/pl"))))
+    assert all(torch.isfinite(torch.tensor(series(rows, "loss/pl"))))
     state = torch.load(tmp_path / "run" / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=False)
     saved = state["state_dict"]["objective.regularizers.path_length.pl_mean"]
     assert float(saved) == pytest.approx(pl_mean[-1], rel=1e-5)  # a resume continues from the running mean

@@ -12,13 +12,9 @@ import pytest
 from PIL import Image
 
 from pixelsmith.train import run
+from tests.conftest import eval_overrides
 
-EVAL = [
-    "eval.every_n_steps=3",
-    "eval.num_samples=200",
-    "eval.reference_samples=1000",
-    "eval.metrics=[fid,pr]",
-]
+EVAL = eval_overrides()
 
 
 @pytest.fixture(scope="module")

@@ -3,26 +3,13 @@ losses that move the right way, accumulation equal to a bigger batch, and bit-fo
 
 from __future__ import annotations
 
-import csv
 import math
 
 import pytest
 import torch
 
 from pixelsmith.train import run
-
-
-def _metrics_rows(run_dir):
-    with open(run_dir / "metrics.csv") as handle:
-        return list(csv.DictReader(handle))
-
-
-def _series(rows, key):
-    return [float(r[key]) for r in rows if r.get(key) not in (None, "")]
-
-
-def _state(run_dir):
-    return torch.load(run_dir / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=False)
+from tests.conftest import last_checkpoint, metrics_rows, series
 
 
 @pytest.mark.parametrize("model", ["dcgan", "stylegan2"])
@@ -50,11 +37,11 @@ def test_short_train_writes_every_output(make_cfg, tmp_path, model, precision):
     assert ckpts == ["last.ckpt", "step_0000003.ckpt", "step_0000006.ckpt"]  # no partial files left behind
     assert list((out / "tensorboard").glob("events.out.tfevents.*"))
     assert (out / "config_resolved.yaml").read_text().count(f"precision: {precision}") >= 1
-    state = _state(out)
+    state = last_checkpoint(out)
     assert state["pixelsmith"]["iteration"] == 6 and state["pixelsmith"]["precision"] == precision
     assert state["pixelsmith_config"]["model"]["name"] == model
-    rows = _metrics_rows(out)
-    assert len(_series(rows, "loss/D")) == 6
+    rows = metrics_rows(out)
+    assert len(series(rows, "loss/D")) == 6
 
 
 def test_discriminator_learns_and_generator_gets_gradients(make_cfg, tmp_path):
@@ -67,12 +54,12 @@ def test_discriminator_learns_and_generator_gets_gradients(make_cfg, tmp_path):
         "train.sample_every_n_steps=0",
     )
     run(cfg)
-    rows = _metrics_rows(tmp_path / "run")
-    loss_d = _series(rows, "loss/D")
+    rows = metrics_rows(tmp_path / "run")
+    loss_d = series(rows, "loss/D")
     assert len(loss_d) == 60
     assert loss_d[0] == pytest.approx(2 * math.log(2), abs=0.35)
     assert sum(loss_d[-10:]) / 10 < loss_d[0] - 0.3
-    grad_g = _series(rows, "grad_norm/G")
+    grad_g = series(rows, "grad_norm/G")
     assert all(math.isfinite(g) and g > 0 for g in grad_g)
 
 
@@ -87,14 +74,14 @@ def test_accumulation_equals_one_bigger_batch(make_cfg, tmp_path):
     ]
     run(make_cfg(*common, "data.batch_size=4", "accumulate=4", output="accumulated"))
     run(make_cfg(*common, "data.batch_size=16", "accumulate=1", output="big_batch"))
-    accumulated = _state(tmp_path / "accumulated")["state_dict"]
-    big = _state(tmp_path / "big_batch")["state_dict"]
+    accumulated = last_checkpoint(tmp_path / "accumulated")["state_dict"]
+    big = last_checkpoint(tmp_path / "big_batch")["state_dict"]
     assert accumulated.keys() == big.keys()
     worst = max((accumulated[k].float() - big[k].float()).abs().max().item() for k in big)
     assert worst < 2e-6, worst
     # ...and it really is a different computation from a single micro-batch of 4.
     run(make_cfg(*common, "data.batch_size=4", "accumulate=1", output="small"))
-    small = _state(tmp_path / "small")["state_dict"]
+    small = last_checkpoint(tmp_path / "small")["state_dict"]
     assert max((small[k].float() - big[k].float()).abs().max().item() for k in big) > 1e-4
 
 
@@ -120,7 +107,7 @@ def test_resume_continues_bit_for_bit(make_cfg, tmp_path, model, initial_p):
     run(make_cfg(*common, "max_steps=4", model=model, output="resumed"))
     last = tmp_path / "resumed" / "checkpoints" / "last.ckpt"
     run(make_cfg(*common, "max_steps=8", f"ckpt_path={last}", model=model, output="resumed"))
-    straight, resumed = _state(tmp_path / "straight"), _state(tmp_path / "resumed")
+    straight, resumed = last_checkpoint(tmp_path / "straight"), last_checkpoint(tmp_path / "resumed")
     assert resumed["pixelsmith"]["iteration"] == straight["pixelsmith"]["iteration"] == 8
     assert resumed["pixelsmith"]["images_seen"] == straight["pixelsmith"]["images_seen"]
     for key, value in straight["state_dict"].items():
@@ -153,7 +140,7 @@ def test_hinge_loss_trains_the_discriminator(make_cfg, tmp_path):
         "train.sample_every_n_steps=0",
     )
     run(cfg)
-    loss_d = _series(_metrics_rows(tmp_path / "run"), "loss/D")
+    loss_d = series(metrics_rows(tmp_path / "run"), "loss/D")
     assert loss_d[0] == pytest.approx(2.0, abs=0.5)  # logits near 0: each hinge term is about 1
     assert sum(loss_d[-10:]) / 10 < loss_d[0] - 0.5
 
@@ -170,7 +157,7 @@ def test_metrics_of_some_iterations_only_reach_the_next_logging_iteration(make_c
         "train.sample_every_n_steps=0",
     )
     run(cfg)
-    rows = _metrics_rows(tmp_path / "run")
-    r1 = _series(rows, "loss/r1")
+    rows = metrics_rows(tmp_path / "run")
+    r1 = series(rows, "loss/r1")
     assert len(r1) == 4 and len(set(r1)) == 4  # iterations 5, 10, 15, 20: four different R1 values
-    assert len(_series(rows, "loss/D")) == 4
+    assert len(series(rows, "loss/D")) == 4
