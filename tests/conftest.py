@@ -146,6 +146,20 @@ def series(rows: list[dict[str, str]], key: str) -> list[float]:
     return [float(r[key]) for r in rows if r.get(key) not in (None, "")]
 
 
+# ---- this machine ----------------------------------------------------------------------------------------------
+def cpu_flags() -> set[str] | None:
+    """This machine's CPU feature flags as the kernel reports them (/proc/cpuinfo "flags"), read independently of
+    torch; None where there is no such file or line (not Linux, or not x86)."""
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return None
+    flags = {
+        f for line in text.splitlines() if line.startswith("flags") for f in line.split(":", 1)[1].split()
+    }
+    return flags or None
+
+
 # ---- processes, ports and threads ------------------------------------------------------------------------------
 def free_port() -> int:
     """A free TCP port for a rendezvous, below Linux's ephemeral range (32768-60999): a port picked from that range

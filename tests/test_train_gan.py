@@ -120,8 +120,9 @@ def test_resume_continues_bit_for_bit(make_cfg, tmp_path, model, initial_p):
     assert straight["lr_schedulers"] == resumed["lr_schedulers"]
 
 
-def test_hinge_loss_values_and_training():
-    """Hinge (SAGAN/BigGAN): D pays only inside the margin, G maximises D's fake logits."""
+def test_hinge_loss_matches_a_hand_computation():
+    """Hinge (SAGAN/BigGAN): D pays only inside the margin, G maximises D's fake logits (training with it:
+    test_hinge_loss_trains_the_discriminator below)."""
     from pixelsmith.gan.objectives import HingeLoss
 
     real, fake = torch.tensor([2.0, 0.5]), torch.tensor([-3.0, 0.0])
