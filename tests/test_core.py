@@ -239,10 +239,37 @@ def test_warmup_cosine_shape():
     assert values[0] == pytest.approx(0.1) and values[9] == pytest.approx(1.0)
     assert values[10] == pytest.approx(1.0) and values[60] == pytest.approx(0.55)
     assert values[110] == pytest.approx(0.1)
+    # Off the symmetric points (where a wrong phase or a missing half would show): warm-up step 2 of 10 is 3/10;
+    # a quarter into the decay 0.1 + 0.9 * (1 + cos(pi/4)) / 2 = 0.868198, three quarters 0.231802.
+    assert values[2] == pytest.approx(0.3)
+    assert values[35] == pytest.approx(0.868198, abs=1e-6) and values[85] == pytest.approx(0.231802, abs=1e-6)
+    assert lr_multiplier(500, "warmup_cosine", 10, 110, 0.1) == pytest.approx(0.1)  # stays at the floor after
     assert all(a >= b for a, b in zip(values[10:], values[11:], strict=False))
     assert lr_multiplier(5, "constant", 10, 110, 0.1) == 1.0
     with pytest.raises(ValueError, match="constant, warmup_cosine"):
         lr_multiplier(0, "linear", 0, 1, 0.0)
+
+
+@pytest.mark.parametrize("as_tensor", [False, True])  # True: the device path of a CUDA-graph replay
+def test_ema_matches_a_hand_computation_away_from_one_half_life(as_tensor):
+    """A quarter half-life per iteration: beta = 0.5 ** (2500 / 10000) = 0.840896, so the average keeps 0.840896
+    of itself and takes 0.159104 of the source (a swapped beta and 1 - beta gives the reverse). One half-life
+    (beta = 0.5, the test below) cannot tell them apart."""
+    source, seen = nn.Linear(2, 2), 10**9
+    ema = EMA(source, half_life_kimg=10.0, rampup=None)
+    with torch.no_grad():
+        ema.model.weight.fill_(0.0)
+        source.weight.fill_(1.0)
+        source.bias.fill_(-2.0)
+        ema.model.bias.fill_(2.0)
+    images_seen = torch.tensor(seen) if as_tensor else seen
+    beta = ema.update(source, images_per_iteration=2500, images_seen=images_seen)
+    assert float(beta) == pytest.approx(0.840896, abs=1e-6)
+    assert torch.allclose(ema.model.weight, torch.full((2, 2), 0.159104), atol=1e-6)
+    assert torch.allclose(ema.model.bias, torch.full((2,), 2.0 * 0.840896 - 2.0 * 0.159104), atol=1e-6)
+    # Ramp-up: after 10,000 images the half-life is at most 0.05 * 10,000 = 500 images: beta = 0.5 ** 5.
+    ramped = EMA(source, half_life_kimg=10.0, rampup=0.05)
+    assert float(ramped.beta(2500, torch.tensor(10_000) if as_tensor else 10_000)) == pytest.approx(0.03125)
 
 
 def test_ema_half_life_and_rampup():
