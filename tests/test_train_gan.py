@@ -101,8 +101,12 @@ def test_resume_continues_bit_for_bit(make_cfg, tmp_path, model, initial_p):
         "train.sample_every_n_steps=0",
         "train.checkpoint_every_n_steps=4",
     ]
-    if model == "stylegan2":
+    if model == "stylegan2":  # lazy R1 and path length, whose running mean pl_mean is resumable state too
         common += ["model.objective.regularizers.r1.interval=2", "model.objective.regularizers.r1.gamma=0.1"]
+        common += [
+            "model.objective.regularizers.path_length.weight=1.0",
+            "model.objective.regularizers.path_length.interval=2",
+        ]
     run(make_cfg(*common, "max_steps=8", model=model, output="straight"))
     run(make_cfg(*common, "max_steps=4", model=model, output="resumed"))
     last = tmp_path / "resumed" / "checkpoints" / "last.ckpt"
@@ -113,11 +117,48 @@ def test_resume_continues_bit_for_bit(make_cfg, tmp_path, model, initial_p):
     for key, value in straight["state_dict"].items():
         assert torch.equal(value, resumed["state_dict"][key]), key
     assert any("augment" in k for k in straight["state_dict"])
+    if model == "stylegan2":
+        assert straight["state_dict"]["objective.regularizers.path_length.pl_mean"] > 0
     for opt_a, opt_b in zip(straight["optimizer_states"], resumed["optimizer_states"], strict=True):
         for pid, st in opt_a["state"].items():
             for name, tensor in st.items():
                 assert torch.equal(torch.as_tensor(tensor), torch.as_tensor(opt_b["state"][pid][name])), name
     assert straight["lr_schedulers"] == resumed["lr_schedulers"]
+
+
+@pytest.mark.parametrize("precision", ["bf16-mixed", "16-mixed"])
+def test_resume_continues_bit_for_bit_in_mixed_precision(make_cfg, tmp_path, precision):
+    """The mixed precisions' resume: 6 straight iterations == 3, a resume, 3 more. 16-mixed carries the GradScaler
+    (scale, growth tracker) in the checkpoint: restored, the resumed run's scaler is the straight one's; started
+    afresh its growth tracker would count from 0 again (and after an overflow its scale would be 2x off)."""
+    common = [
+        f"precision={precision}",
+        "train.sample_every_n_steps=0",
+        "train.checkpoint_every_n_steps=3",
+        "data.batch_size=8",
+    ]
+    run(make_cfg(*common, "max_steps=6", output="straight"))
+    run(make_cfg(*common, "max_steps=3", output="resumed"))
+    last = tmp_path / "resumed" / "checkpoints" / "last.ckpt"
+    run(make_cfg(*common, "max_steps=6", f"ckpt_path={last}", output="resumed"))
+    straight, resumed = last_checkpoint(tmp_path / "straight"), last_checkpoint(tmp_path / "resumed")
+    # Counters, guard and fp16 overflow counts, and the GradScaler's state: all of the core's resumable state.
+    assert resumed["pixelsmith"] == straight["pixelsmith"]
+    scaler = straight["pixelsmith"]["grad_scaler"]
+    if precision == "16-mixed":
+        # fp16 overflows in the first steps halve the scale from 2^16 (growth needs 2000 good steps in a row); the
+        # tracker counts the good steps (two optimizers per iteration) since the last overflow.
+        overflows = straight["pixelsmith"]["amp_overflow_skipped"]
+        assert overflows > 0 and scaler["scale"] == 65536.0 / 2**overflows
+        assert 0 < scaler["_growth_tracker"] <= 12 - overflows
+    else:
+        assert scaler == {}  # bf16 has fp32's range: no loss scaling, nothing to resume
+    for key, value in straight["state_dict"].items():
+        assert torch.equal(value, resumed["state_dict"][key]), key
+    for opt_a, opt_b in zip(straight["optimizer_states"], resumed["optimizer_states"], strict=True):
+        for pid, st in opt_a["state"].items():
+            for name, tensor in st.items():
+                assert torch.equal(torch.as_tensor(tensor), torch.as_tensor(opt_b["state"][pid][name])), name
 
 
 def test_hinge_loss_matches_a_hand_computation():
