@@ -23,17 +23,17 @@ CHECKOUT = Path(__file__).resolve().parents[1]  # the clone these tests belong t
 if str(CHECKOUT / "src") not in sys.path[:1]:
     sys.path.insert(0, str(CHECKOUT / "src"))
 
-import lightning as L  # noqa: E402
-import pytest  # noqa: E402
-import torch  # noqa: E402
-from hydra import compose, initialize_config_dir  # noqa: E402
-from hydra.core.global_hydra import GlobalHydra  # noqa: E402
-from omegaconf import DictConfig, open_dict  # noqa: E402
+import lightning as L
+import pytest
+import torch
+from hydra import compose, initialize_config_dir
+from hydra.core.global_hydra import GlobalHydra
+from omegaconf import DictConfig, open_dict
 
-import pixelsmith  # noqa: E402
-from pixelsmith.config.schema import register_configs  # noqa: E402
-from pixelsmith.hardware import register_detected_profile  # noqa: E402
-from pixelsmith.paths import CONF_DIR, REPO_ROOT  # noqa: E402
+import pixelsmith
+from pixelsmith.config.schema import register_configs
+from pixelsmith.hardware import register_detected_profile
+from pixelsmith.paths import CONF_DIR, REPO_ROOT
 
 if REPO_ROOT is None or REPO_ROOT.resolve() != CHECKOUT or CONF_DIR.resolve() != CHECKOUT / "conf":
     pytest.exit(
