@@ -6,6 +6,11 @@ Thin on purpose: the matrix, the fresh-process runs, the plain-loop baseline and
 """
 
 import sys
+from pathlib import Path
+
+# This checkout's code first, ahead of any pixelsmith installed in the environment: an editable install of another
+# clone would otherwise run here, with this checkout's configs (pixelsmith.paths).
+sys.path.insert(0, str(Path(__file__).resolve().parent / "src"))
 
 from benchmarks.gan_bench import main
 

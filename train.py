@@ -5,8 +5,14 @@ Thin on purpose: Hydra composes `conf/train.yaml`, `pixelsmith.train.run` builds
 dir and the sweep goes on.
 """
 
-import logging
 import sys
+from pathlib import Path
+
+# This checkout's code first, ahead of any pixelsmith installed in the environment: an editable install of another
+# clone would otherwise run here, with this checkout's configs (pixelsmith.paths).
+sys.path.insert(0, str(Path(__file__).resolve().parent / "src"))
+
+import logging
 
 import hydra
 from omegaconf import DictConfig

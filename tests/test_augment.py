@@ -16,6 +16,7 @@ from pixelsmith.augment import ada as ada_module
 from pixelsmith.augment.base import apply_to_selected_rows
 from pixelsmith.augment.diffaugment import translate_integer
 from pixelsmith.augment.warp import warp_affine_reflect
+from tests.conftest import torch_threads
 
 NO_OPS = dict(
     xflip=False,
@@ -44,10 +45,8 @@ FACTORIES = {
 @pytest.fixture(autouse=True)
 def _seed_and_threads():
     torch.manual_seed(0)
-    threads = torch.get_num_threads()
-    torch.set_num_threads(2)
-    yield
-    torch.set_num_threads(threads)
+    with torch_threads(2):
+        yield
 
 
 def images(n: int, channels: int, size: int = 16) -> torch.Tensor:

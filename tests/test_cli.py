@@ -8,20 +8,9 @@ import json
 import pytest
 import torch
 
-from tests.conftest import run_cli
+from tests.conftest import SMALL_DCGAN, eval_overrides, run_cli
 
-EVAL = [
-    "eval.every_n_steps=3",
-    "eval.num_samples=200",
-    "eval.reference_samples=1000",
-    "eval.metrics=[fid,pr]",
-]
-SMALL_DCGAN = [
-    "model.generator.ngf=16",
-    "model.discriminator.ndf=16",
-    "train.progress_bar=false",
-    "logger=csv",
-]
+EVAL = eval_overrides()
 
 
 @pytest.mark.slow

@@ -5,7 +5,6 @@ tests/test_data.py."""
 
 from __future__ import annotations
 
-import csv
 import json
 import os
 import re
@@ -24,13 +23,9 @@ from pixelsmith.core.preemption import RunPreempted
 from pixelsmith.paths import REPO_ROOT
 from pixelsmith.run_dir import RunDirError, _lock
 from pixelsmith.train import run
-from tests.conftest import FAST, SMALL, run_cli
+from tests.conftest import FAST, SMALL, free_port, last_checkpoint, metrics_rows, run_cli, series
 
 SHORT = ["precision=32-true", "train.sample_every_n_steps=0", "train.checkpoint_every_n_steps=0"]
-
-
-def _state(run_dir: Path) -> dict:
-    return torch.load(run_dir / "checkpoints" / "last.ckpt", weights_only=True)
 
 
 class SignalAt(Callback):
@@ -71,7 +66,7 @@ def test_a_preemption_signal_ends_the_iteration_with_last_ckpt_and_the_rerun_res
         run(make_cfg(*common, output="preempted"))
     assert info.value.exit_code == 128 + signum
     assert "end of iteration 3" in str(info.value) and "last.ckpt" in str(info.value)
-    assert _state(tmp_path / "preempted")["pixelsmith"]["iteration"] == 3
+    assert last_checkpoint(tmp_path / "preempted")["pixelsmith"]["iteration"] == 3
     final = json.loads((tmp_path / "preempted" / "final_metrics.json").read_text())
     assert final["stop_reason"] == "preempted" and final["iteration"] == 3
     # The handlers are the process's own again after the run.
@@ -80,16 +75,12 @@ def test_a_preemption_signal_ends_the_iteration_with_last_ckpt_and_the_rerun_res
     monkeypatch.setattr(train_module, "_instantiate_group", original)
     metrics = run(make_cfg(*common, output="preempted"))  # same run dir, no ckpt_path: auto-resume
     assert metrics["iteration"] == 6 and metrics["stop_reason"] == "max_steps"
-    straight, resumed = _state(tmp_path / "straight"), _state(tmp_path / "preempted")
+    straight, resumed = last_checkpoint(tmp_path / "straight"), last_checkpoint(tmp_path / "preempted")
     for key, value in straight["state_dict"].items():
         assert torch.equal(value, resumed["state_dict"][key]), key
     assert straight["lr_schedulers"] == resumed["lr_schedulers"]
     # The resumed run appends to the metrics the preempted one wrote (Lightning's CSV logger deleted them).
-    with open(tmp_path / "preempted" / "metrics.csv") as handle:
-        logged = [
-            float(row["train/iteration"]) for row in csv.DictReader(handle) if row.get("train/iteration")
-        ]
-    assert logged == [3.0, 6.0]
+    assert series(metrics_rows(tmp_path / "preempted"), "train/iteration") == [3.0, 6.0]
 
 
 @pytest.mark.slow  # a subprocess or many compositions: the full run (`pytest --all`) only
@@ -119,14 +110,14 @@ def test_a_signalled_training_process_exits_for_requeue_and_its_rerun_resumes(tm
     output, _ = proc.communicate(timeout=120)
     assert proc.returncode == 143, output[-3000:]
     stopped = int(re.search(r"stops at the end of iteration (\d+)", output).group(1))
-    assert _state(run_dir)["pixelsmith"]["iteration"] == stopped < 400
+    assert last_checkpoint(run_dir)["pixelsmith"]["iteration"] == stopped < 400
     assert "Preempted by SIGTERM" in output and "Traceback" not in output
 
     args[args.index("max_steps=400")] = f"max_steps={stopped + 2}"
     result = subprocess.run(args, cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     assert "Resuming from" in result.stdout + result.stderr
-    assert _state(run_dir)["pixelsmith"]["iteration"] == stopped + 2
+    assert last_checkpoint(run_dir)["pixelsmith"]["iteration"] == stopped + 2
 
 
 def test_a_run_dir_in_use_by_another_run_is_refused_naming_its_pid(make_cfg, tmp_path):
@@ -146,7 +137,7 @@ def test_a_run_dir_holding_a_run_is_resumed_refused_or_overwritten_on_request(
     assert run(make_cfg(*SHORT, "max_steps=3"))["iteration"] == 3  # auto-resume from last.ckpt
     with pytest.raises(RunDirError, match="train.auto_resume=false"):
         run(make_cfg(*SHORT, "max_steps=3", "train.auto_resume=false"))
-    assert _state(tmp_path / "run")["pixelsmith"]["iteration"] == 3  # untouched
+    assert last_checkpoint(tmp_path / "run")["pixelsmith"]["iteration"] == 3  # untouched
     assert (
         run(make_cfg(*SHORT, "max_steps=1", "train.auto_resume=false", "train.overwrite=true"))["iteration"]
         == 1
@@ -167,8 +158,7 @@ def test_metrics_end_at_the_resumed_iteration_and_an_overwritten_runs_move_aside
     path = tmp_path / "metrics.csv"
     path.write_text("step,train/iteration,loss/G\n" + "".join(f"{2 * i},{i},0.{i}\n" for i in range(1, 6)))
     align_metrics_with_resume(path, 3)  # a crash after iteration 5, resumed from the checkpoint of 3
-    with open(path) as handle:
-        assert [row["train/iteration"] for row in csv.DictReader(handle)] == ["1", "2", "3"]
+    assert [row["train/iteration"] for row in metrics_rows(tmp_path)] == ["1", "2", "3"]
     align_metrics_with_resume(path, None)  # train.overwrite=true: a fresh start keeps the old file aside
     assert not path.exists() and len(list(tmp_path.glob("metrics.replaced-*.csv"))) == 1
 
@@ -276,15 +266,13 @@ def _torchrun(tmp_path: Path, node_args: list[list[str]], port: int) -> list[sub
     ids=["1node_x2", "2nodes_x1"],
 )
 def test_torchrun_makes_one_run_dir_with_identical_ranks(tmp_path, nodes):
-    import random
-
-    results = _torchrun(tmp_path, nodes, port=random.randint(20000, 29999))
+    results = _torchrun(tmp_path, nodes, port=free_port())
     for result in results:
         assert result.returncode == 0, result.stdout[-4000:]
     (run_dir,) = (tmp_path / "outputs" / "train" / "runs").iterdir()  # one run dir for the whole launch
     report = json.loads((run_dir / "ddp_consistency.json").read_text())
     assert report["world_size"] == 2 and report["iteration"] == 4 and report["max_abs_diff"] == 0.0
-    assert _state(run_dir)["pixelsmith"]["iteration"] == 4
+    assert last_checkpoint(run_dir)["pixelsmith"]["iteration"] == 4
     assert (run_dir / ".hydra" / "config.yaml").is_file()
     assert (run_dir / "train.log").is_file() and (run_dir / "train_rank1.log").is_file()
     node_count, per_node = (2, 1) if len(nodes) == 2 else (1, 2)
@@ -379,7 +367,7 @@ def test_a_sweep_runs_under_submitits_local_executor(tmp_path):
     for job in ("0", "1"):
         payload = json.loads((sweep / job / "result.json").read_text())
         assert payload["status"] == "ok" and payload["metrics"]["iteration"] == 2.0
-        assert _state(sweep / job)["pixelsmith"]["iteration"] == 2
+        assert last_checkpoint(sweep / job)["pixelsmith"]["iteration"] == 2
     summary = (sweep / "summary.md").read_text()
     assert "seed=1" in summary and "seed=2" in summary and "loss/G" in summary
 
@@ -396,7 +384,7 @@ def test_sigterm_to_rank_0_of_two_processes_stops_both_at_one_iteration_with_las
     output, _ = proc.communicate(timeout=120)
     assert proc.returncode == 143, output[-4000:]
     stopped = int(re.search(r"stops at the end of iteration (\d+)", output).group(1))
-    assert stopped % 2 == 0 and _state(run_dir)["pixelsmith"]["iteration"] == stopped
+    assert stopped % 2 == 0 and last_checkpoint(run_dir)["pixelsmith"]["iteration"] == stopped
     report = json.loads((run_dir / "ddp_consistency.json").read_text())
     assert report["world_size"] == 2 and report["max_abs_diff"] == 0.0
 
@@ -404,8 +392,6 @@ def test_sigterm_to_rank_0_of_two_processes_stops_both_at_one_iteration_with_las
 def _ddp_training_until_its_first_checkpoint(run_dir: Path, *overrides: str) -> subprocess.Popen:
     """`python train.py debug=ddp ...` (2 gloo processes, endless max_steps) started and waited on until it has
     written its first last.ckpt (at iteration 2): a run in progress to signal or to kill a rank of."""
-    import random
-
     args = [
         sys.executable,
         "train.py",
@@ -423,7 +409,7 @@ def _ddp_training_until_its_first_checkpoint(run_dir: Path, *overrides: str) -> 
         *overrides,
         f"hydra.run.dir={run_dir}",
     ]
-    env = {**os.environ, "HYDRA_FULL_ERROR": "0", "MASTER_PORT": str(random.randint(20000, 29999))}
+    env = {**os.environ, "HYDRA_FULL_ERROR": "0", "MASTER_PORT": str(free_port())}
     proc = subprocess.Popen(
         args, cwd=REPO_ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
     )

@@ -12,7 +12,6 @@ torch 2.14: nothing autotuned). The GPU test set checks that they run as CUDA gr
 
 from __future__ import annotations
 
-import csv
 import math
 
 import pytest
@@ -23,6 +22,7 @@ from omegaconf import OmegaConf
 from pixelsmith.core.module import eager
 from pixelsmith.train import run
 from tests.compile_counts import compile_counts
+from tests.conftest import metrics_rows
 
 pytestmark = pytest.mark.slow
 
@@ -45,8 +45,7 @@ COMPILED_MIX = [
 
 
 def _losses(run_dir) -> list[dict[str, float]]:
-    with open(run_dir / "metrics.csv") as handle:
-        rows = [r for r in csv.DictReader(handle) if r.get("loss/D")]
+    rows = [r for r in metrics_rows(run_dir) if r.get("loss/D")]
     return [{k: float(v) for k, v in r.items() if v not in ("", None)} for r in rows]
 
 

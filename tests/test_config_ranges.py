@@ -31,12 +31,20 @@ BAD_VALUES = [
     ("train.preemption.check_every_n_steps=0", "train.preemption.check_every_n_steps", "=null"),
     ("schedule.min_lr_ratio=2", "schedule.min_lr_ratio", "[0, 1]"),
     ("accumulate=0", "accumulate", "accumulate=1"),
+    ("augment=ada augment.target=2.0", "augment.target", "augment.target=0.6"),
+    ("augment=ada augment.target=0", "augment.target", "p can never rise"),
+    ("hardware.num_workers=-2", "hardware.num_workers", "hardware.num_workers=2"),
+    ("model.ema.rampup=-1", "model.ema.rampup", "model.ema.rampup=0.05"),
+    ("model.ema.rampup=0", "model.ema.rampup", "no average at all"),
+    ("objective=eval/nonexistent_metric", "objective", "objective=eval/best_fid"),
+    ("objective=eval/kid_mean", "objective", "eval.metrics=['fid', 'pr']"),  # kid is not among the metrics
+    ("objective=eval/best_fd", "objective", "Did you mean eval/best_fid?"),
 ]
 
 
 @pytest.mark.parametrize(("override", "key", "fix"), BAD_VALUES, ids=[b[0] for b in BAD_VALUES])
 def test_each_bad_value_is_named_with_a_valid_one(make_cfg, tmp_path, override, key, fix):
-    cfg = make_cfg(override)
+    cfg = make_cfg(*override.split(), "eval.metrics=[fid,pr]")
     with pytest.raises(ConfigValueError) as err:
         run(cfg)
     message = str(err.value)
@@ -52,6 +60,17 @@ def test_all_problems_are_listed_at_once_and_style_keys_are_checked_too(make_cfg
     style = make_cfg("experiment=style_fast", "model.optimizer.lr=0", fast=False)
     with pytest.raises(ConfigValueError, match="model.optimizer.lr=0"):
         validate_config(style)
+
+
+def test_the_edges_of_the_new_ranges_pass(make_cfg):
+    """What the rules above must not refuse: ADA targets just inside (0, 1), no EMA ramp-up, no loader workers, and
+    every key the evaluation writes as a sweep's objective."""
+    validate_config(make_cfg("augment=ada", "augment.target=0.01", "model.ema.rampup=null"))
+    validate_config(make_cfg("augment=ada", "augment.target=0.99", "hardware.num_workers=0"))
+    for objective in ("eval/fid", "eval/kid_mean", "eval/recall", "eval/best_fid", "eval/best_iteration"):
+        validate_config(make_cfg("eval.metrics=[fid,kid,pr]", f"objective={objective}"))
+    validate_config(make_cfg("eval.monitor=kid_mean", "objective=eval/best_kid_mean"))
+    validate_config(make_cfg("objective=loss/G"))  # a training metric: the model's own, not checked here
 
 
 def test_every_shipped_config_passes(make_cfg):

@@ -1,13 +1,17 @@
 """The shared training core on a one-layer model: clipping on unscaled fp16 gradients with a real CPU GradScaler,
-the non-finite guard, schedules on our own iteration counter, EMA, and the resumable sampler."""
+the non-finite guard (also across two DDP ranks, one of which sees a non-finite loss), schedules on our own iteration
+counter, EMA against hand computations, and the resumable sampler."""
 
 from __future__ import annotations
 
 import math
+import os
+from pathlib import Path
 
 import lightning as L
 import pytest
 import torch
+import torch.multiprocessing as mp
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
@@ -22,10 +26,11 @@ from pixelsmith.core.module import (
     TrainingCore,
 )
 from pixelsmith.core.schedules import lr_multiplier
+from pixelsmith.core.strategy import MultiNetworkDDPStrategy
 from pixelsmith.data.base import BatchSizeError, per_rank_batch
 from pixelsmith.data.sampler import IterationSampler
 from pixelsmith.errors import PixelsmithError
-from tests.conftest import bare_trainer
+from tests.conftest import bare_trainer, free_port
 
 
 class TinyCore(TrainingCore):
@@ -131,6 +136,76 @@ def test_a_non_finite_step_is_skipped_counted_and_training_goes_on(precision, im
     assert torch.equal(module.weights_before[1], module.weights_before[2])
     assert not torch.equal(module.weights_before[2], module.weights_before[3])
     assert torch.isfinite(module.net.weight).all()
+
+
+class OneRankPoisonedCore(TinyCore):
+    """`inf` is added to the loss of rank `rank` at iteration `at`: a non-finite loss with finite gradients (the
+    constant has none), so only the loss flag, summed over ranks, can tell the other rank to skip."""
+
+    def __init__(self, core: CoreSettings, rank: int, at: int):
+        super().__init__(core)
+        self.poisoned_rank, self.poisoned_at = rank, at
+
+    def train_iteration(self, batch):
+        x, y = batch
+        self.weights_before.append(self.net.weight.detach().clone())
+        with self.autocast():
+            pred = self.net(x)
+        loss = (pred.float() - y).square().mean() * 0.01
+        if (self.global_rank, self.iteration) == (self.poisoned_rank, self.poisoned_at):
+            loss = loss + math.inf
+        self.loss_backward(loss, "net")
+        self.step("net")
+        return IterationResult(x.shape[0], {"loss": loss.detach()})
+
+
+def _one_rank_poisoned_worker(rank: int, port: int, impl: str, out_dir: str) -> None:
+    # As torchrun starts a rank: the launch variables say who this process is, Lightning spawns nothing.
+    os.environ.update(
+        MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), WORLD_SIZE="2", LOCAL_RANK=str(rank), NODE_RANK="0"
+    )
+    torch.set_num_threads(1)
+    module = OneRankPoisonedCore(CoreSettings(max_steps=3, optimizer_impl=impl), rank=1, at=1)
+    gen = torch.Generator().manual_seed(1)
+    x = torch.randn(64, 16, generator=gen)
+    trainer = L.Trainer(
+        accelerator="cpu",
+        devices=2,
+        strategy=MultiNetworkDDPStrategy(process_group_backend="gloo"),
+        max_epochs=-1,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+    )
+    trainer.fit(module, DataLoader(TensorDataset(x, x.sum(dim=1, keepdim=True) * 3), batch_size=8))
+    torch.save(
+        {
+            "before": module.weights_before,
+            "after": module.net.weight.detach(),
+            "skipped": module.nonfinite_skipped,
+        },
+        Path(out_dir) / f"rank{rank}.pt",
+    )
+
+
+@pytest.mark.slow  # two processes
+@pytest.mark.parametrize("impl", ["foreach", "fused"])
+def test_a_non_finite_loss_on_one_rank_makes_every_rank_skip(tmp_path, impl):
+    """DDP, 2 gloo processes: rank 1's loss is inf at iteration 1, rank 0's is finite and the gradients are finite on
+    both. The loss flags are summed with the gradients, so both ranks skip that step and stay identical; a flag kept
+    per rank would let rank 0 step alone and the ranks drift apart."""
+    mp.spawn(_one_rank_poisoned_worker, args=(free_port(), impl, str(tmp_path)), nprocs=2, join=True)
+    ranks = [torch.load(tmp_path / f"rank{r}.pt", weights_only=True) for r in range(2)]
+    for state in ranks:
+        assert state["skipped"] == 1
+        before = state["before"]
+        assert torch.equal(before[1], before[2])  # iteration 1 changed nothing ...
+        assert not torch.equal(before[0], before[1]) and not torch.equal(
+            before[2], state["after"]
+        )  # ... 0, 2 did
+    assert torch.equal(ranks[0]["after"], ranks[1]["after"])
+    assert all(torch.equal(a, b) for a, b in zip(ranks[0]["before"], ranks[1]["before"], strict=True))
 
 
 @pytest.mark.parametrize("precision", ["32-true", "16-mixed"])
@@ -239,10 +314,37 @@ def test_warmup_cosine_shape():
     assert values[0] == pytest.approx(0.1) and values[9] == pytest.approx(1.0)
     assert values[10] == pytest.approx(1.0) and values[60] == pytest.approx(0.55)
     assert values[110] == pytest.approx(0.1)
+    # Off the symmetric points (where a wrong phase or a missing half would show): warm-up step 2 of 10 is 3/10;
+    # a quarter into the decay 0.1 + 0.9 * (1 + cos(pi/4)) / 2 = 0.868198, three quarters 0.231802.
+    assert values[2] == pytest.approx(0.3)
+    assert values[35] == pytest.approx(0.868198, abs=1e-6) and values[85] == pytest.approx(0.231802, abs=1e-6)
+    assert lr_multiplier(500, "warmup_cosine", 10, 110, 0.1) == pytest.approx(0.1)  # stays at the floor after
     assert all(a >= b for a, b in zip(values[10:], values[11:], strict=False))
     assert lr_multiplier(5, "constant", 10, 110, 0.1) == 1.0
     with pytest.raises(ValueError, match="constant, warmup_cosine"):
         lr_multiplier(0, "linear", 0, 1, 0.0)
+
+
+@pytest.mark.parametrize("as_tensor", [False, True])  # True: the device path of a CUDA-graph replay
+def test_ema_matches_a_hand_computation_away_from_one_half_life(as_tensor):
+    """A quarter half-life per iteration: beta = 0.5 ** (2500 / 10000) = 0.840896, so the average keeps 0.840896
+    of itself and takes 0.159104 of the source (a swapped beta and 1 - beta gives the reverse). One half-life
+    (beta = 0.5, the test below) cannot tell them apart."""
+    source, seen = nn.Linear(2, 2), 10**9
+    ema = EMA(source, half_life_kimg=10.0, rampup=None)
+    with torch.no_grad():
+        ema.model.weight.fill_(0.0)
+        source.weight.fill_(1.0)
+        source.bias.fill_(-2.0)
+        ema.model.bias.fill_(2.0)
+    images_seen = torch.tensor(seen) if as_tensor else seen
+    beta = ema.update(source, images_per_iteration=2500, images_seen=images_seen)
+    assert float(beta) == pytest.approx(0.840896, abs=1e-6)
+    assert torch.allclose(ema.model.weight, torch.full((2, 2), 0.159104), atol=1e-6)
+    assert torch.allclose(ema.model.bias, torch.full((2,), 2.0 * 0.840896 - 2.0 * 0.159104), atol=1e-6)
+    # Ramp-up: after 10,000 images the half-life is at most 0.05 * 10,000 = 500 images: beta = 0.5 ** 5.
+    ramped = EMA(source, half_life_kimg=10.0, rampup=0.05)
+    assert float(ramped.beta(2500, torch.tensor(10_000) if as_tensor else 10_000)) == pytest.approx(0.03125)
 
 
 def test_ema_half_life_and_rampup():

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import csv
 import os
 import re
 import struct
@@ -16,6 +15,7 @@ from PIL import Image
 from pixelsmith.data.image_folder import DataFolderError, ImageFolderDataset, list_images
 from pixelsmith.data.mnist import load_mnist
 from pixelsmith.train import run
+from tests.conftest import metrics_rows, series
 
 
 def test_mnist_is_embedded_and_resized():
@@ -86,9 +86,7 @@ def _skipped_files_per_iteration(make_cfg, tmp_path, folder, batch: int, steps: 
         "precision=32-true",
     ]
     assert run(make_cfg(*overrides))["iteration"] == steps
-    with open(tmp_path / "run" / "metrics.csv") as handle:
-        rows = list(csv.DictReader(handle))
-    return [float(r["data/skipped_files"]) for r in rows if r.get("data/skipped_files")]
+    return series(metrics_rows(tmp_path / "run"), "data/skipped_files")
 
 
 def _new_user_folder(folder):

@@ -8,14 +8,9 @@ import json
 import pytest
 
 from pixelsmith.train import run
-from tests.conftest import run_cli
+from tests.conftest import eval_overrides, run_cli
 
-EVAL = [
-    "eval.every_n_steps=4",
-    "eval.num_samples=200",
-    "eval.reference_samples=1000",
-    "eval.metrics=[fid,kid,pr]",
-]
+EVAL = eval_overrides(every_n_steps=4, metrics="fid,kid,pr")
 
 
 @pytest.fixture(scope="module")

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import json
 import math
-import random
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
@@ -23,28 +22,21 @@ import torch
 from torch import nn
 
 from pixelsmith.core.fsdp import fqn_keyed_to_plain, plain_to_fqn_keyed
-from tests.conftest import compose_config, run_cli
+from tests.conftest import SMALL_DCGAN, compose_config, free_port, last_checkpoint, run_cli
 
-SMALL_DCGAN = [
-    "hardware=cpu",
-    "hardware.channels_last=false",
-    "model.generator.ngf=16",
-    "model.discriminator.ndf=16",
-    "train.progress_bar=false",
-    "logger=csv",
-]
+CPU_DCGAN = ["hardware=cpu", "hardware.channels_last=false", *SMALL_DCGAN]
 
 
 def _no_evaluation(tmp_path) -> list[str]:
     # FID evaluation during training (when the tree has it) is not what these tests measure and costs most of a run.
-    return ["eval.every_n_steps=0"] if "eval" in compose_config(SMALL_DCGAN, tmp_path / "cfg") else []
+    return ["eval.every_n_steps=0"] if "eval" in compose_config(CPU_DCGAN, tmp_path / "cfg") else []
 
 
 def _train(run_dir, debug: str, *overrides: str) -> dict:
-    args = ["train.py", f"debug={debug}", *SMALL_DCGAN, *overrides, f"hydra.run.dir={run_dir}"]
+    args = ["train.py", f"debug={debug}", *CPU_DCGAN, *overrides, f"hydra.run.dir={run_dir}"]
     result = run_cli(args, timeout=600)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    return torch.load(run_dir / "checkpoints" / "last.ckpt", weights_only=True)
+    return last_checkpoint(run_dir)
 
 
 def _train_fsdp_and_ddp(tmp_path, *overrides: str) -> tuple[dict, dict]:
@@ -98,7 +90,7 @@ def test_fsdp_matches_ddp_writes_plain_checkpoints_and_resumes_exactly(tmp_path)
     from pixelsmith.builders import build_model
     from pixelsmith.core.module import CoreSettings
 
-    model = build_model(compose_config(SMALL_DCGAN, tmp_path / "load"), CoreSettings())
+    model = build_model(compose_config(CPU_DCGAN, tmp_path / "load"), CoreSettings())
     model.load_state_dict(fsdp["state_dict"], strict=True)
     first = model.generator.main[0].weight
     assert torch.equal(first, fsdp["state_dict"]["generator.main.0.weight"])
@@ -194,14 +186,10 @@ def test_fsdp_shards_every_gan_network_including_stylegan2(make_cfg, tmp_path, m
         "hardware.channels_last=false",
         model="stylegan2",
     )
-    monkeypatch.setenv(
-        "MASTER_PORT", str(random.randint(20000, 29999))
-    )  # Lightning writes it into os.environ
-    try:
-        metrics = run(cfg)
-    finally:
-        if torch.distributed.is_initialized():  # the one-process group would keep its port for later tests
-            torch.distributed.destroy_process_group()
+    # The run's process group, and the LOCAL_RANK and MASTER_PORT Lightning writes into os.environ, end with the
+    # test (conftest's _process_state_is_restored): a later DDP subprocess must not inherit them.
+    monkeypatch.setenv("MASTER_PORT", str(free_port()))
+    metrics = run(cfg)
     assert metrics["iteration"] == 2 and metrics["loss/r1"] > 0
     assert math.isfinite(metrics["loss/pl"]) and metrics["pl/mean"] > 0
     state = torch.load(tmp_path / "run" / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=True)

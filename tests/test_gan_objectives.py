@@ -1,7 +1,13 @@
 """The pluggable GAN objective: the phase table, the loop that runs it (GANModule) and the plain benchmark loop that
-reuses it, regularisers (R1, path length, a fork's own) plugged in by `_target_`, and injectable optimizers."""
+reuses it, regularisers (R1, path length, a fork's own) plugged in by `_target_`, and injectable optimizers. Each
+loss, penalty and lazy-regularisation constant is checked against a hand computation at values where a wrong
+constant shows."""
 
 from __future__ import annotations
+
+import contextlib
+import functools
+import math
 
 import lightning as L
 import pytest
@@ -12,8 +18,10 @@ from torch.utils.data import DataLoader, TensorDataset
 from benchmarks.plain_loop import build_plain_gan
 from pixelsmith.builders import build_model, build_plan
 from pixelsmith.core.module import CoreSettings, _mix_seed
+from pixelsmith.core.optim import build_optimizer
 from pixelsmith.errors import PixelsmithError
 from pixelsmith.gan.objectives import (
+    GANBatch,
     GANObjective,
     HingeLoss,
     NonSaturatingLoss,
@@ -23,8 +31,7 @@ from pixelsmith.gan.objectives import (
     Regularizer,
 )
 from pixelsmith.train import run
-from tests.conftest import FAST, SMALL, bare_trainer, compose_config
-from tests.test_train_gan import _metrics_rows, _series
+from tests.conftest import FAST, SMALL, bare_trainer, compose_config, metrics_rows, series
 
 R1 = "model.objective.regularizers.r1"
 
@@ -95,14 +102,128 @@ def test_bad_objectives_are_refused_naming_the_fix(build, message):
         build()
 
 
-def test_losses_match_their_formulas():
+def _softplus(x: float) -> float:
+    return math.log1p(math.exp(x))
+
+
+def test_losses_match_a_hand_computation():
+    """Logits chosen so each term differs: D's real logits 2 and 0.5, fake -3 and 0."""
     real, fake = torch.tensor([2.0, 0.5]), torch.tensor([-3.0, 0.0])
-    softplus = torch.nn.functional.softplus
-    assert NonSaturatingLoss().discriminator(real, fake) == pytest.approx(
-        float(softplus(-real).mean() + softplus(fake).mean())
-    )
-    assert NonSaturatingLoss().generator(fake) == pytest.approx(float(softplus(-fake).mean()))
+    # softplus(-D(x)) over reals: ln(1 + e^-2) = 0.126928, ln(1 + e^-0.5) = 0.474077 -> 0.300503;
+    # softplus(D(G(z))) over fakes: ln(1 + e^-3) = 0.048587, ln 2 = 0.693147 -> 0.370867. Sum 0.671369.
+    d_loss = (_softplus(-2.0) + _softplus(-0.5)) / 2 + (_softplus(-3.0) + _softplus(0.0)) / 2
+    assert d_loss == pytest.approx(0.671369, abs=1e-6)
+    assert NonSaturatingLoss().discriminator(real, fake).item() == pytest.approx(d_loss, rel=1e-6)
+    # G: softplus(-D(G(z))) = ln(1 + e^3) = 3.048587, ln 2 -> 1.870867.
+    g_loss = (_softplus(3.0) + _softplus(0.0)) / 2
+    assert NonSaturatingLoss().generator(fake).item() == pytest.approx(g_loss, rel=1e-6)
+    assert g_loss == pytest.approx(1.870867, abs=1e-6)
     assert HingeLoss().generator(fake) == pytest.approx(1.5)
+
+
+class _Step:
+    """What a loop gives an objective (GANStep), reduced to the networks: no autocast, one rank."""
+
+    def __init__(self, G=None, D=None, scale: float = 1.0):
+        self.G, self.D, self.device, self.scale = G, D, torch.device("cpu"), scale
+
+    def D_forward(self, images, *conditions, reals=False):
+        return self.D(images)
+
+    def autocast(self):
+        return contextlib.nullcontext()
+
+    def loss_scale(self):
+        return torch.tensor(self.scale)
+
+    def mean_over_ranks(self, tensor):
+        return tensor
+
+
+class _SquareD(nn.Module):
+    """D(x) = sum of x^2 over each image, so dD/dx = 2x and the R1 norm is known by hand."""
+
+    def forward(self, images):
+        return images.square().sum(dim=[1, 2, 3])
+
+
+@pytest.mark.parametrize("scale", [1.0, 1024.0])  # 1024: the fp16 path's loss scale must cancel exactly
+def test_r1_is_gamma_over_two_times_the_squared_gradient_norm_at_reals(scale):
+    reals = torch.tensor([[[[1.0, 1.0]]], [[[0.5, -1.5]]]])  # two 1x1x2 "images"
+    # ||2x||^2: 4 * (1 + 1) = 8 and 4 * (0.25 + 2.25) = 10; mean 9. gamma = 4: 4 / 2 * 9 = 18 (gamma * 9 = 36).
+    out = R1Penalty(gamma=4.0, interval=16).loss(_Step(D=_SquareD(), scale=scale), {"real": reals})
+    assert out.logs["loss/r1"].item() == pytest.approx(9.0, rel=1e-6)
+    assert out.loss.item() == pytest.approx(18.0, rel=1e-6)
+    assert out.loss.requires_grad  # it trains D: differentiable w.r.t. D's parameters through the gradient
+
+
+class _ProductG(nn.Module):
+    """w = z (times a parameter equal to 1, so w is in the graph); image = w[:4] * w[4] as 2x2 pixels. With the probe
+    noise 1/sqrt(4) = 1/2 everywhere, d(sum(image * noise))/dw = (w4/2, w4/2, w4/2, w4/2, S/2), S = w0+..+w3."""
+
+    def __init__(self):
+        super().__init__()
+        self.one = nn.Parameter(torch.ones(()))
+
+    def forward(self, z, return_ws=False):
+        w = z * self.one
+        images = (w[:, :4] * w[:, 4:5]).reshape(-1, 1, 2, 2)
+        return (images, w) if return_ws else images
+
+
+def test_path_length_penalty_matches_a_hand_computation(monkeypatch):
+    # The probe directions are randn / sqrt(H*W): ones here, so the lengths are known.
+    monkeypatch.setattr(torch, "randn_like", lambda t, dtype=None: torch.ones_like(t, dtype=dtype))
+    z = torch.tensor([[1.0, 1.0, 1.0, 1.0, 2.0], [1.0, 0.0, 0.0, 0.0, 1.0]])
+    # |J^T y|^2 = 4 * (w4 / 2)^2 + (S / 2)^2 = w4^2 + S^2 / 4: 4 + 4 = 8 and 1 + 0.25 = 1.25.
+    lengths = [math.sqrt(8.0), math.sqrt(1.25)]
+    batch_mean = sum(lengths) / 2  # 1.973231
+    pl_mean = 0.0 + 0.25 * (batch_mean - 0.0)  # decay 0.25 from 0 (0.5 would hide a swapped lerp): 0.493308
+    penalty = sum((length - pl_mean) ** 2 for length in lengths) / 2  # 2.921533
+    assert penalty == pytest.approx(2.921533, abs=1e-6)
+
+    reg = PathLengthPenalty(weight=3.0, interval=4, decay=0.25, batch_shrink=1)
+    out = reg.loss(_Step(G=_ProductG()), {"z": z})
+    assert out.logs["pl/mean"].item() == pytest.approx(pl_mean, rel=1e-6)
+    assert out.logs["loss/pl"].item() == pytest.approx(penalty, rel=1e-5)
+    assert out.loss.item() == pytest.approx(3.0 * penalty, rel=1e-5)  # weight 3: 8.764599
+    # The running mean moves `decay` of the way again at the next call: 0.493308 + 0.25 * (1.973231 - 0.493308).
+    again = reg.loss(_Step(G=_ProductG()), {"z": z})
+    assert again.logs["pl/mean"].item() == pytest.approx(pl_mean + 0.25 * (batch_mean - pl_mean), rel=1e-6)
+    assert again.logs["pl/mean"].item() == pytest.approx(0.863288, abs=1e-6)
+    # batch_shrink 2 keeps the first half of the batch: the first latent only.
+    half = PathLengthPenalty(weight=1.0, decay=1.0, batch_shrink=2).loss(_Step(G=_ProductG()), {"z": z})
+    assert half.logs["pl/mean"].item() == pytest.approx(math.sqrt(8.0), rel=1e-6)
+
+
+def test_a_lazy_phase_multiplies_its_loss_by_its_interval(make_cfg, monkeypatch):
+    """StyleGAN2's lazy regularisation: R1 every 4th iteration counts 4 times (gamma 2: 2 / 2 * 4 * penalty)."""
+    cfg = make_cfg(f"{R1}.gamma=2.0", f"{R1}.interval=4", "precision=32-true", "augment=none")
+    module = build_model(cfg, CoreSettings(precision="32-true"))
+    backward = []
+    monkeypatch.setattr(module, "loss_backward", lambda loss, name: backward.append((name, loss.detach())))
+    monkeypatch.setattr(module, "step", lambda name: None)
+    reals = torch.rand(4, 1, 32, 32, generator=torch.Generator().manual_seed(0)) * 2 - 1
+    (phase,) = [p for p in module.objective.phases() if p.name == "Dreg"]
+    assert phase.interval == 4
+    logs = module.run_phase(phase, GANBatch(reals))
+    ((name, loss),) = backward
+    assert name == "D"
+    # The logged penalty is unweighted; what trains D is gamma / 2 * interval times it.
+    assert loss.item() == pytest.approx(2.0 / 2 * 4 * logs["loss/r1"].item(), rel=1e-5)
+
+
+def test_lazy_regularisation_scales_the_lr_and_raises_the_betas():
+    """R1 every 16 iterations: StyleGAN2's c = 16 / 17 multiplies the lr and is the power of each beta."""
+    param = nn.Parameter(torch.zeros(3))
+    factory = functools.partial(torch.optim.Adam, lr=0.002, betas=(0.5, 0.99))
+    ratio = GANObjective(NonSaturatingLoss(), {"r1": R1Penalty(gamma=1.0, interval=16)}).lazy_ratio("D")
+    assert ratio == pytest.approx(16 / 17)
+    group = build_optimizer(factory, [param], lr_scale=ratio, betas_power=ratio).param_groups[0]
+    assert group["lr"] == pytest.approx(0.002 * 16 / 17)  # 0.00188235
+    # 0.5 ** (16/17) = 0.520808, 0.99 ** (16/17) = 0.990585: each beta closer to 1, not scaled like the lr.
+    assert group["betas"][0] == pytest.approx(0.520808, abs=1e-6)
+    assert group["betas"][1] == pytest.approx(0.990585, abs=1e-6)
 
 
 @pytest.mark.parametrize("precision", ["32-true", "bf16-mixed"])
@@ -154,7 +275,7 @@ def test_a_forks_regulariser_runs_as_its_own_phase_from_the_config(make_cfg, tmp
         "+model.objective.regularizers.drift.interval=2",
     )
     run(cfg)
-    drift = _series(_metrics_rows(tmp_path / "run"), "loss/drift")
+    drift = series(metrics_rows(tmp_path / "run"), "loss/drift")
     assert len(drift) == 3 and all(v > 0 for v in drift)  # iterations 0, 2, 4: logged at 2, 4, 6
 
 
@@ -169,10 +290,10 @@ def test_path_length_regularisation_trains_stylegan2_and_tracks_its_mean(make_cf
         model="stylegan2",
     )
     run(cfg)
-    rows = _metrics_rows(tmp_path / "run")
-    pl_mean = _series(rows, "pl/mean")
+    rows = metrics_rows(tmp_path / "run")
+    pl_mean = series(rows, "pl/mean")
     assert len(pl_mean) == 2 and pl_mean[0] > 0 and pl_mean[0] != pl_mean[1]
-    assert all(torch.isfinite(torch.tensor(_series(rows, "loss/pl"))))
+    assert all(torch.isfinite(torch.tensor(series(rows, "loss/pl"))))
     state = torch.load(tmp_path / "run" / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=False)
     saved = state["state_dict"]["objective.regularizers.path_length.pl_mean"]
     assert float(saved) == pytest.approx(pl_mean[-1], rel=1e-5)  # a resume continues from the running mean

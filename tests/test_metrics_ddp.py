@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 from pathlib import Path
 
 import pytest
@@ -22,16 +21,11 @@ from pixelsmith.metrics import (
     load_or_compute_reference_stats,
     mnist_reference,
 )
+from tests.conftest import free_port
 
 MNIST_NPZ = Path(__file__).resolve().parents[1] / "data" / "mnist_5k.npz"
 SHARES = (120, 80)
 METRIC_OPTIONS = {"kid_subsets": 10, "kid_subset_size": 50}
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def _reference(extractor, cache_dir: Path):
@@ -73,7 +67,7 @@ def _worker(rank: int, world_size: int, port: int, cache_dir: str, result_path: 
 @pytest.mark.slow
 def test_two_gloo_processes_give_the_single_process_scores(tmp_path: Path) -> None:
     cache_dir = tmp_path / "cache"
-    mp.spawn(_worker, args=(2, _free_port(), str(cache_dir), str(tmp_path / "result")), nprocs=2, join=True)
+    mp.spawn(_worker, args=(2, free_port(), str(cache_dir), str(tmp_path / "result")), nprocs=2, join=True)
     per_rank = [json.loads((tmp_path / f"result.rank{rank}").read_text()) for rank in range(2)]
     assert per_rank[0]["reference_recomputed"] and not per_rank[1]["reference_recomputed"]
 

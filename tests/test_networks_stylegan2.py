@@ -19,6 +19,7 @@ from pixelsmith.gan.networks.stylegan2 import (
     channels_at_resolution,
     minibatch_stddev,
 )
+from tests.conftest import torch_threads
 
 TINY = {"channel_base": 256, "channel_max": 32}
 
@@ -26,10 +27,8 @@ TINY = {"channel_base": 256, "channel_max": 32}
 @pytest.fixture(autouse=True)
 def _seed_and_threads():
     torch.manual_seed(0)
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # the tensors are tiny: threading overhead would dominate
-    yield
-    torch.set_num_threads(threads)
+    with torch_threads(1):  # the tensors are tiny: threading overhead would dominate
+        yield
 
 
 def tiny_pair(resolution: int = 32, channels: int = 1, **kwargs):

@@ -15,7 +15,7 @@ from benchmarks.harness import CLOCK_TARGET, IterationClock
 from pixelsmith.perf.breakdown import PHASE_TOLERANCE
 from pixelsmith.perf.timer import DATA_WAIT, OTHER_IN_STEP, OTHER_LOOP, StepTimer, measure_overhead
 from pixelsmith.train import run
-from tests.conftest import FAST, SMALL, compose_config
+from tests.conftest import FAST, SMALL, compose_config, metrics_rows
 
 GAN_PHASES = ["data_wait", "h2d", "augment", "G_fwd", "D_fwd", "D_bwd", "D_reg", "G_bwd", "opt_step", "ema"]
 
@@ -116,8 +116,7 @@ def test_breakdown_outputs_and_scalars(breakdown_run):
     image = Image.open(out / "breakdown.png").convert("L")
     assert image.size[0] > 300 and image.size[1] > 150
     assert min(image.getdata()) < 128  # bars and text were drawn
-    with open(breakdown_run / "metrics.csv") as handle:
-        metrics = list(csv.DictReader(handle))
+    metrics = metrics_rows(breakdown_run)
     logged_at = sorted(int(r["step"]) for r in metrics if r.get("perf/share/D_bwd"))
     # Every 2 iterations once warm-up iterations are out of the window (iteration k is resolved at fetch k+1).
     assert logged_at == [4, 6, 8, 10]

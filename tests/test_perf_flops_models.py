@@ -56,13 +56,7 @@ MODELS = {
 }
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    """One intra-op thread: tiny convolutions gain nothing from two on the shared 2-core machine."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")  # tiny convolutions (conftest's one_thread says why)
 
 
 def _conv(batch, c_in, c_out, k, h, w):

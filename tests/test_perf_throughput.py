@@ -5,6 +5,7 @@ run writes to throughput.json."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -15,6 +16,7 @@ from pixelsmith.gan.networks.dcgan import DCGANDiscriminator
 from pixelsmith.perf import flops as flops_mod
 from pixelsmith.perf.flops import count_flops, cpu_peak_flops, gpu_peak_flops, peak_precision_key
 from pixelsmith.train import run
+from tests.conftest import cpu_flags, torch_threads
 
 
 def _conv_flops(batch, c_in, c_out, k, h_out, w_out):
@@ -80,9 +82,42 @@ def test_cpu_gemm_peak_is_measured_once_and_cached(tmp_path, monkeypatch):
     assert calls == [torch.float32, torch.bfloat16]
 
 
-def test_real_gemm_measurement_is_plausible():
-    value = flops_mod.measure_gemm_flops(torch.float32, size=256, min_seconds=0.05)
-    assert 1e8 < value < 1e14
+def test_gemm_rate_is_two_n_cubed_over_the_fastest_run(monkeypatch):
+    """A scripted clock: three runs of a 64^3 matmul "take" 4, 2 and 3 ms; the rate is 2 * 64^3 FLOPs over the
+    fastest (2 ms), not the mean, not n^3."""
+    readings = iter([0.0, 1.0, 1.004, 2.0, 2.002, 3.0, 3.003, 4.0])
+    monkeypatch.setattr(flops_mod.time, "perf_counter", lambda: next(readings))
+    value = flops_mod.measure_gemm_flops(torch.float32, size=64, min_seconds=0.0)
+    assert value == pytest.approx(2 * 64**3 / 0.002, rel=1e-9)  # 262.144 MFLOP/s
+
+
+def _cpu_clock_range_hz() -> tuple[float, float] | None:
+    """(lowest reported, highest possible) core clock: the kernel's current MHz per core, and cpufreq's maximum where
+    there is one, else twice the highest reported (a VM reports its nominal clock; turbo stays below 2x)."""
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return None
+    mhz = [float(line.split(":")[1]) for line in text.splitlines() if line.startswith("cpu MHz")]
+    if not mhz:
+        return None
+    cpufreq = Path("/sys/devices/system/cpu/cpu0/cpufreq/cpuinfo_max_freq")
+    highest = int(cpufreq.read_text()) * 1e3 if cpufreq.is_file() else 2 * max(mhz) * 1e6
+    return min(mhz) * 1e6, max(highest, max(mhz) * 1e6)
+
+
+def test_real_gemm_measurement_is_within_what_this_cpu_can_do():
+    """One thread's fp32 GEMM rate must lie between 1/8 of one core's vector peak at its lowest reported clock (any
+    BLAS reaches that on its best run; a rate in the wrong unit or off by the FLOP count would not) and that peak at
+    its highest possible clock (two FMA units: 64 FLOPs per cycle with AVX-512, 32 with AVX2/FMA, 16 with SSE)."""
+    flags, clocks = cpu_flags(), _cpu_clock_range_hz()
+    if flags is None or clocks is None:
+        pytest.skip("no x86 flags or clock in /proc/cpuinfo: this machine's peak cannot be bounded")
+    per_cycle = 64 if "avx512f" in flags else 32 if "fma" in flags else 16
+    lowest_hz, highest_hz = clocks
+    with torch_threads(1):  # one core: two threads on a loaded 2-core machine wait on each other (10x slower)
+        value = flops_mod.measure_gemm_flops(torch.float32, size=256, min_seconds=0.2)
+    assert per_cycle * lowest_hz / 8 <= value <= per_cycle * highest_hz, (value, per_cycle, clocks)
 
 
 def test_throughput_json_counts_a_real_iteration_like_the_plain_loop(make_cfg, tmp_path):

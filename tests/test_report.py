@@ -12,13 +12,9 @@ import pytest
 from PIL import Image
 
 from pixelsmith.train import run
+from tests.conftest import eval_overrides
 
-EVAL = [
-    "eval.every_n_steps=3",
-    "eval.num_samples=200",
-    "eval.reference_samples=1000",
-    "eval.metrics=[fid,pr]",
-]
+EVAL = eval_overrides()
 
 
 @pytest.fixture(scope="module")
@@ -71,7 +67,10 @@ def _chromium() -> str:
     for name in ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable"):
         if path := shutil.which(name):
             return path
-    pytest.skip("needs Chromium (Debian: apt-get install chromium) to render report.html in a real browser")
+    pytest.skip(
+        "Chromium is not installed here (no chromium, chromium-browser or google-chrome on PATH), so report.html "
+        "is not rendered in a real browser: `apt-get install chromium` (Debian), as .ci/run does where it can"
+    )
 
 
 @pytest.mark.chromium

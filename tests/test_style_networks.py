@@ -110,15 +110,6 @@ def test_adain_requires_a_vgg19_relu4_1_encoder():
         AdaINNet(VGGFeatures("vgg16", pretrained=False))
 
 
-@pytest.fixture
-def one_thread():
-    """Tiny ops are pure overhead; with 2 OpenMP threads on a busy shared 2-core machine they ran 10x slower."""
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(previous)
-
-
 def test_transformer_net_overfits_a_style_on_a_tiny_image(one_thread):
     torch.manual_seed(0)
     loss_net = VGGFeatures("vgg16", layers=("relu1_2", "relu2_2", "relu3_3"), pretrained=False)

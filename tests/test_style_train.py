@@ -4,7 +4,6 @@ one-paragraph errors for a missing style image and missing VGG / LPIPS weights."
 
 from __future__ import annotations
 
-import csv
 import json
 import math
 
@@ -21,7 +20,7 @@ from pixelsmith.style.networks import AdaINNet, TransformerNet
 from pixelsmith.style.stylize import load_stylizer_from_checkpoint
 from pixelsmith.style.stylize import main as stylize_main
 from pixelsmith.train import run
-from tests.conftest import compose_config, run_cli
+from tests.conftest import compose_config, last_checkpoint, metrics_rows, run_cli, series
 
 pytestmark = [
     pytest.mark.filterwarnings("ignore::pixelsmith.style.loss_network.RandomLossNetworkWeightsWarning"),
@@ -53,31 +52,11 @@ MODELS = {
 }
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    """One intra-op thread: these tiny convolutions gain nothing from two, and on the shared 2-core CI machine two
-    threads waiting on each other made a 4-step run 15x slower (33 s instead of 2 s, measured)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")  # tiny convolutions (conftest's one_thread says why)
 
 
 def _cfg(tmp_path, model: str, *overrides: str, output: str = "run"):
     return compose_config([*COMMON, *MODELS[model], *overrides], tmp_path / output)
-
-
-def _rows(run_dir):
-    with open(run_dir / "metrics.csv") as handle:
-        return list(csv.DictReader(handle))
-
-
-def _series(rows, key):
-    return [float(r[key]) for r in rows if r.get(key) not in (None, "")]
-
-
-def _checkpoint(run_dir):
-    return torch.load(run_dir / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=False)
 
 
 @pytest.fixture(scope="module")
@@ -93,7 +72,7 @@ def squeezenet_weights(tmp_path_factory):
 
 @pytest.mark.parametrize("model", ["style_fast", "style_adain"])
 @pytest.mark.parametrize("precision", ["32-true", "bf16-mixed"])
-def test_short_train_writes_samples_metrics_and_a_contract_checkpoint(
+def test_short_train_writes_samples_metrics_and_a_contractlast_checkpoint(
     tmp_path, model, precision, squeezenet_weights
 ):
     cfg = _cfg(
@@ -122,14 +101,14 @@ def test_short_train_writes_samples_metrics_and_a_contract_checkpoint(
     assert samples == ["step_0000000.png", "step_0000002.png", "step_0000004.png"]
     # Two rows (validation pairs) of content | style | result, 32 px each with 2 px padding.
     assert Image.open(out / "samples" / "step_0000004.png").size == (3 * 32 + 4 * 2, 2 * 32 + 3 * 2)
-    rows = _rows(out)
-    assert len(_series(rows, "loss/total")) == 4
+    rows = metrics_rows(out)
+    assert len(series(rows, "loss/total")) == 4
     history = json.loads((out / "style_validation.json").read_text())
     assert [r["iteration"] for r in history] == [0.0, 2.0, 4.0]
     # report.html: the content | style | result rows over time and the style metrics' curves.
     report = (out / "report.html").read_text()
     assert report.count("data:image/png;base64,") == 3 and "style validation: " in report
-    state = _checkpoint(out)
+    state = last_checkpoint(out)
     assert state["pixelsmith"]["precision"] == precision
     keys = state["state_dict"].keys()
     model_config = state["pixelsmith_config"]["model"]
@@ -159,7 +138,7 @@ def test_fast_style_loss_goes_down_on_the_embedded_data(tmp_path):
             "train.sample_every_n_steps=0",
         )
     )
-    total = _series(_rows(tmp_path / "run"), "loss/total")
+    total = series(metrics_rows(tmp_path / "run"), "loss/total")
     assert len(total) == 24
     first, last = np.mean(total[:3]), np.mean(total[-4:])
     assert last < 0.7 * first, (first, last)
@@ -176,7 +155,7 @@ def test_resume_continues_bit_for_bit(tmp_path, model):
     run(_cfg(tmp_path, model, *common, *workers, "max_steps=3", output="resumed"))
     last = tmp_path / "resumed" / "checkpoints" / "last.ckpt"
     run(_cfg(tmp_path, model, *common, *workers, "max_steps=6", f"ckpt_path={last}", output="resumed"))
-    straight, resumed = _checkpoint(tmp_path / "straight"), _checkpoint(tmp_path / "resumed")
+    straight, resumed = last_checkpoint(tmp_path / "straight"), last_checkpoint(tmp_path / "resumed")
     assert straight["pixelsmith"]["iteration"] == resumed["pixelsmith"]["iteration"] == 6
     for key, value in straight["state_dict"].items():
         assert torch.equal(value, resumed["state_dict"][key]), key
@@ -192,7 +171,7 @@ def test_checkpoint_loads_and_stylize_runs_on_it(tmp_path, model, monkeypatch):
     ckpt = tmp_path / "run" / "checkpoints" / "last.ckpt"
     monkeypatch.setenv("TORCH_HOME", str(tmp_path / "no_weights_here"))  # AdaIN must not need the VGG19 file
     loaded = load_stylizer_from_checkpoint(ckpt)
-    state = _checkpoint(tmp_path / "run")["state_dict"]
+    state = last_checkpoint(tmp_path / "run")["state_dict"]
     prefix = "stylizer." if model == "style_fast" else ""
     assert isinstance(loaded, TransformerNet if model == "style_fast" else AdaINNet)
     for key, value in loaded.state_dict().items():

@@ -3,26 +3,13 @@ losses that move the right way, accumulation equal to a bigger batch, and bit-fo
 
 from __future__ import annotations
 
-import csv
 import math
 
 import pytest
 import torch
 
 from pixelsmith.train import run
-
-
-def _metrics_rows(run_dir):
-    with open(run_dir / "metrics.csv") as handle:
-        return list(csv.DictReader(handle))
-
-
-def _series(rows, key):
-    return [float(r[key]) for r in rows if r.get(key) not in (None, "")]
-
-
-def _state(run_dir):
-    return torch.load(run_dir / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=False)
+from tests.conftest import last_checkpoint, metrics_rows, series
 
 
 @pytest.mark.parametrize("model", ["dcgan", "stylegan2"])
@@ -50,11 +37,11 @@ def test_short_train_writes_every_output(make_cfg, tmp_path, model, precision):
     assert ckpts == ["last.ckpt", "step_0000003.ckpt", "step_0000006.ckpt"]  # no partial files left behind
     assert list((out / "tensorboard").glob("events.out.tfevents.*"))
     assert (out / "config_resolved.yaml").read_text().count(f"precision: {precision}") >= 1
-    state = _state(out)
+    state = last_checkpoint(out)
     assert state["pixelsmith"]["iteration"] == 6 and state["pixelsmith"]["precision"] == precision
     assert state["pixelsmith_config"]["model"]["name"] == model
-    rows = _metrics_rows(out)
-    assert len(_series(rows, "loss/D")) == 6
+    rows = metrics_rows(out)
+    assert len(series(rows, "loss/D")) == 6
 
 
 def test_discriminator_learns_and_generator_gets_gradients(make_cfg, tmp_path):
@@ -67,12 +54,12 @@ def test_discriminator_learns_and_generator_gets_gradients(make_cfg, tmp_path):
         "train.sample_every_n_steps=0",
     )
     run(cfg)
-    rows = _metrics_rows(tmp_path / "run")
-    loss_d = _series(rows, "loss/D")
+    rows = metrics_rows(tmp_path / "run")
+    loss_d = series(rows, "loss/D")
     assert len(loss_d) == 60
     assert loss_d[0] == pytest.approx(2 * math.log(2), abs=0.35)
     assert sum(loss_d[-10:]) / 10 < loss_d[0] - 0.3
-    grad_g = _series(rows, "grad_norm/G")
+    grad_g = series(rows, "grad_norm/G")
     assert all(math.isfinite(g) and g > 0 for g in grad_g)
 
 
@@ -87,14 +74,14 @@ def test_accumulation_equals_one_bigger_batch(make_cfg, tmp_path):
     ]
     run(make_cfg(*common, "data.batch_size=4", "accumulate=4", output="accumulated"))
     run(make_cfg(*common, "data.batch_size=16", "accumulate=1", output="big_batch"))
-    accumulated = _state(tmp_path / "accumulated")["state_dict"]
-    big = _state(tmp_path / "big_batch")["state_dict"]
+    accumulated = last_checkpoint(tmp_path / "accumulated")["state_dict"]
+    big = last_checkpoint(tmp_path / "big_batch")["state_dict"]
     assert accumulated.keys() == big.keys()
     worst = max((accumulated[k].float() - big[k].float()).abs().max().item() for k in big)
     assert worst < 2e-6, worst
     # ...and it really is a different computation from a single micro-batch of 4.
     run(make_cfg(*common, "data.batch_size=4", "accumulate=1", output="small"))
-    small = _state(tmp_path / "small")["state_dict"]
+    small = last_checkpoint(tmp_path / "small")["state_dict"]
     assert max((small[k].float() - big[k].float()).abs().max().item() for k in big) > 1e-4
 
 
@@ -114,18 +101,24 @@ def test_resume_continues_bit_for_bit(make_cfg, tmp_path, model, initial_p):
         "train.sample_every_n_steps=0",
         "train.checkpoint_every_n_steps=4",
     ]
-    if model == "stylegan2":
+    if model == "stylegan2":  # lazy R1 and path length, whose running mean pl_mean is resumable state too
         common += ["model.objective.regularizers.r1.interval=2", "model.objective.regularizers.r1.gamma=0.1"]
+        common += [
+            "model.objective.regularizers.path_length.weight=1.0",
+            "model.objective.regularizers.path_length.interval=2",
+        ]
     run(make_cfg(*common, "max_steps=8", model=model, output="straight"))
     run(make_cfg(*common, "max_steps=4", model=model, output="resumed"))
     last = tmp_path / "resumed" / "checkpoints" / "last.ckpt"
     run(make_cfg(*common, "max_steps=8", f"ckpt_path={last}", model=model, output="resumed"))
-    straight, resumed = _state(tmp_path / "straight"), _state(tmp_path / "resumed")
+    straight, resumed = last_checkpoint(tmp_path / "straight"), last_checkpoint(tmp_path / "resumed")
     assert resumed["pixelsmith"]["iteration"] == straight["pixelsmith"]["iteration"] == 8
     assert resumed["pixelsmith"]["images_seen"] == straight["pixelsmith"]["images_seen"]
     for key, value in straight["state_dict"].items():
         assert torch.equal(value, resumed["state_dict"][key]), key
     assert any("augment" in k for k in straight["state_dict"])
+    if model == "stylegan2":
+        assert straight["state_dict"]["objective.regularizers.path_length.pl_mean"] > 0
     for opt_a, opt_b in zip(straight["optimizer_states"], resumed["optimizer_states"], strict=True):
         for pid, st in opt_a["state"].items():
             for name, tensor in st.items():
@@ -133,8 +126,48 @@ def test_resume_continues_bit_for_bit(make_cfg, tmp_path, model, initial_p):
     assert straight["lr_schedulers"] == resumed["lr_schedulers"]
 
 
-def test_hinge_loss_values_and_training():
-    """Hinge (SAGAN/BigGAN): D pays only inside the margin, G maximises D's fake logits."""
+@pytest.mark.parametrize(
+    "precision",
+    # bf16 carries no state of its own (no loss scaling) and is emulated, slowly, on CPUs without bf16: --all only.
+    [pytest.param("bf16-mixed", marks=pytest.mark.slow), "16-mixed"],
+)
+def test_resume_continues_bit_for_bit_in_mixed_precision(make_cfg, tmp_path, precision):
+    """The mixed precisions' resume: 6 straight iterations == 3, a resume, 3 more. 16-mixed carries the GradScaler
+    (scale, growth tracker) in the checkpoint: restored, the resumed run's scaler is the straight one's; started
+    afresh its growth tracker would count from 0 again (and after an overflow its scale would be 2x off)."""
+    common = [
+        f"precision={precision}",
+        "train.sample_every_n_steps=0",
+        "train.checkpoint_every_n_steps=3",
+        "data.batch_size=8",
+    ]
+    run(make_cfg(*common, "max_steps=6", output="straight"))
+    run(make_cfg(*common, "max_steps=3", output="resumed"))
+    last = tmp_path / "resumed" / "checkpoints" / "last.ckpt"
+    run(make_cfg(*common, "max_steps=6", f"ckpt_path={last}", output="resumed"))
+    straight, resumed = last_checkpoint(tmp_path / "straight"), last_checkpoint(tmp_path / "resumed")
+    # Counters, guard and fp16 overflow counts, and the GradScaler's state: all of the core's resumable state.
+    assert resumed["pixelsmith"] == straight["pixelsmith"]
+    scaler = straight["pixelsmith"]["grad_scaler"]
+    if precision == "16-mixed":
+        # fp16 overflows in the first steps halve the scale from 2^16 (growth needs 2000 good steps in a row); the
+        # tracker counts the good steps (two optimizers per iteration) since the last overflow.
+        overflows = straight["pixelsmith"]["amp_overflow_skipped"]
+        assert overflows > 0 and scaler["scale"] == 65536.0 / 2**overflows
+        assert 0 < scaler["_growth_tracker"] <= 12 - overflows
+    else:
+        assert scaler == {}  # bf16 has fp32's range: no loss scaling, nothing to resume
+    for key, value in straight["state_dict"].items():
+        assert torch.equal(value, resumed["state_dict"][key]), key
+    for opt_a, opt_b in zip(straight["optimizer_states"], resumed["optimizer_states"], strict=True):
+        for pid, st in opt_a["state"].items():
+            for name, tensor in st.items():
+                assert torch.equal(torch.as_tensor(tensor), torch.as_tensor(opt_b["state"][pid][name])), name
+
+
+def test_hinge_loss_matches_a_hand_computation():
+    """Hinge (SAGAN/BigGAN): D pays only inside the margin, G maximises D's fake logits (training with it:
+    test_hinge_loss_trains_the_discriminator below)."""
     from pixelsmith.gan.objectives import HingeLoss
 
     real, fake = torch.tensor([2.0, 0.5]), torch.tensor([-3.0, 0.0])
@@ -153,7 +186,7 @@ def test_hinge_loss_trains_the_discriminator(make_cfg, tmp_path):
         "train.sample_every_n_steps=0",
     )
     run(cfg)
-    loss_d = _series(_metrics_rows(tmp_path / "run"), "loss/D")
+    loss_d = series(metrics_rows(tmp_path / "run"), "loss/D")
     assert loss_d[0] == pytest.approx(2.0, abs=0.5)  # logits near 0: each hinge term is about 1
     assert sum(loss_d[-10:]) / 10 < loss_d[0] - 0.5
 
@@ -170,7 +203,7 @@ def test_metrics_of_some_iterations_only_reach_the_next_logging_iteration(make_c
         "train.sample_every_n_steps=0",
     )
     run(cfg)
-    rows = _metrics_rows(tmp_path / "run")
-    r1 = _series(rows, "loss/r1")
+    rows = metrics_rows(tmp_path / "run")
+    r1 = series(rows, "loss/r1")
     assert len(r1) == 4 and len(set(r1)) == 4  # iterations 5, 10, 15, 20: four different R1 values
-    assert len(_series(rows, "loss/D")) == 4
+    assert len(series(rows, "loss/D")) == 4

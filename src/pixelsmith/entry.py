@@ -7,7 +7,8 @@ Ctrl-C stopped it at once), printing the command that resumes; a resume of a che
 and exits with 0 (pixelsmith.resume). In a multirun the failing job writes
 `failed.json` in its dir and returns NaN so the other jobs still run; `pixelsmith.sweep_summary` tabulates them at the
 end. A multirun job whose `hardware=auto` was detected on another machine (a SLURM job composed on the login node)
-stops naming the profile to give (`pixelsmith.hardware.check_detected_here`).
+stops naming the profile to give (`pixelsmith.hardware.check_detected_here`). A run started inside one checkout
+with another's code and configs (an installed pixelsmith) says which trees it uses (`pixelsmith.paths`).
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from pixelsmith.core.preemption import RunPreempted, StoppedAtOnce
 from pixelsmith.errors import PixelsmithError
 from pixelsmith.hardware import check_detected_here
 from pixelsmith.launch import global_rank, started_by_lightning_launcher
+from pixelsmith.paths import describe_trees
 from pixelsmith.resume import AlreadyFinished, checkpoint_iteration, continue_command
 
 log = logging.getLogger("pixelsmith")
@@ -123,6 +125,9 @@ def explain_failure(err: BaseException, cfg: DictConfig) -> GPUFailureError | No
 
 def guarded_run(job: Callable[[DictConfig], dict[str, Any]], cfg: DictConfig, objective: str) -> float | None:
     output_dir = Path(cfg.paths.output_dir)
+    # Run from inside one checkout with another's code and configs (an installed pixelsmith): say so, once.
+    if global_rank() == 0 and (trees := describe_trees()) is not None:
+        log.warning("%s", trees)
     try:
         try:
             # A multirun job on another machine than the one that composed it (SLURM) must not run its profile.

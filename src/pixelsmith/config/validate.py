@@ -2,7 +2,8 @@
 
 The schemas (`config/schema.py` and the `*/config.py` it registers) types every key, so `data.batch_size=abc` fails in Hydra; this adds what a type
 cannot say: `data.batch_size=0`, `train.clip_grad_norm=-1` (which silently turned training into gradient ascent),
-`model.objective.regularizers.r1.interval=0`, `eval.monitor=foo`, a key added with `+` that nothing reads (`+maxsteps=5`). Every problem
+`model.objective.regularizers.r1.interval=0`, `eval.monitor=foo`, `augment.target=2` (ADA's p could never rise), an
+`objective=eval/...` that no run writes, a key added with `+` that nothing reads (`+maxsteps=5`). Every problem
 found is reported at once, one line each naming the key, the value and a valid one, in a `ConfigValueError` the
 entry points print as one paragraph. A few settings that are legal but surely unintended (a warm-up longer than
 the run) are logged as warnings.
@@ -93,6 +94,12 @@ RULES: list[Rule] = [
     Rule("data.channels", lambda v: v in (1, 3), "must be 1 (grey) or 3 (RGB)", "1"),
     Rule("data.limit", _optional(_positive_int), "must be at least 1, or null for the whole dataset", "null"),
     Rule("data.num_workers", _optional(_non_negative), "must be >= 0 (0 = load in the main process)", "2"),
+    Rule(
+        "hardware.num_workers",
+        _optional(_non_negative),
+        "must be >= 0 (loader worker processes; 0 = load in the main process), or null",
+        "2",
+    ),
     Rule("data.prefetch_factor", _positive_int, "must be at least 1", "2"),
     Rule("data.on_corrupt", lambda v: v in ("skip", "error"), "must be skip or error", "skip"),
     Rule("hardware.devices", _optional(_positive_int), "must be at least 1 (or null: all visible)", "1"),
@@ -156,6 +163,21 @@ RULES: list[Rule] = [
     Rule("model.objective.regularizers.path_length.interval", _positive_int, "must be at least 1", "4"),
     Rule("model.sample_grid_size", _positive_int, "must be at least 1", "64"),
     Rule("model.ema.half_life_kimg", _positive, "must be > 0", "10.0"),
+    Rule(
+        "model.ema.rampup",
+        _optional(_positive),
+        "must be > 0, or null for no ramp-up (the half-life is limited to rampup x the images seen so far: at 0 or "
+        "below the average is a plain copy of G, no average at all)",
+        "0.05",
+    ),
+    Rule(
+        "augment.target",
+        lambda v: _positive(v) and v < 1,
+        "must be in (0, 1): ADA raises p while r_t = E[sign(D(real))] is above the target and lowers it below; r_t "
+        "lies in [-1, 1], so at a target of 1 or above p can never rise (augmentation never starts) and at 0 or "
+        "below it rises whenever D calls more reals real than fake",
+        "0.6",
+    ),
     *_optimizer_rules("model.g_optimizer"),
     *_optimizer_rules("model.d_optimizer"),
     *_optimizer_rules("model.optimizer"),
@@ -240,6 +262,7 @@ def validate_config(cfg: DictConfig) -> None:
                 f"eval.monitor={monitor!r} is not a score the chosen eval.metrics={list(metrics)} produce; choose "
                 f"one of {', '.join(scores)} (e.g. eval.monitor=fid)."
             )
+    problems += _objective_problems(cfg)
     if problems:
         listed = " ".join(f"({i}) {p}" for i, p in enumerate(problems, 1))
         raise ConfigValueError(
@@ -248,6 +271,38 @@ def validate_config(cfg: DictConfig) -> None:
             "composed config."
         )
     _warn_odd_combinations(cfg)
+
+
+def _objective_problems(cfg: DictConfig) -> list[str]:
+    """An `eval/...` objective must be a key the evaluation writes into final_metrics.json: `eval/<score>` for the
+    scores of eval.metrics, `eval/best_<eval.monitor>` and `eval/best_iteration`. A sweep over a key no run writes
+    would rank every job by NaN. (Other objectives are the model's own training metrics, which only the run knows;
+    a run whose final metrics lack its objective says so at the end.)"""
+    present, objective = _lookup(cfg, "objective")
+    if not present or not isinstance(objective, str) or not objective.startswith("eval/"):
+        return []
+    has_eval, metrics = _lookup(cfg, "eval.metrics")
+    _, monitor = _lookup(cfg, "eval.monitor")
+    if not has_eval:
+        return [
+            f"objective={objective} names an evaluation score, but this config has no evaluation (eval.*); name "
+            "one of the model's training metrics instead, e.g. objective=loss/total."
+        ]
+    if not isinstance(metrics, list | tuple) or not all(m in METRIC_SCORES for m in metrics):
+        return []  # eval.metrics itself is reported above
+    written = [f"eval/{score}" for m in metrics for score in METRIC_SCORES[m]]
+    if f"eval/{monitor}" not in written:
+        return []  # eval.monitor is reported above; the objective follows once it is fixed
+    written += [f"eval/best_{monitor}", "eval/best_iteration"]
+    if objective in written:
+        return []
+    close = difflib.get_close_matches(objective, written, n=1)
+    hint = f" Did you mean {close[0]}?" if close else ""
+    return [
+        f"objective={objective} is not a key any run with eval.metrics={list(metrics)} and eval.monitor={monitor} "
+        f"writes to final_metrics.json, so a sweep would rank every job by NaN; choose one of {', '.join(written)} "
+        f"(e.g. objective=eval/best_{monitor}).{hint}"
+    ]
 
 
 def _warn_odd_combinations(cfg: DictConfig) -> None:

@@ -3,9 +3,17 @@
 The clock starts when the run's settings are built (before data, model, Trainer and the iteration-0 evaluation, so
 set-up and periodic evaluations count). `TrainingCore._end_iteration` asks `expired()` once per iteration and ends
 training at the first iteration past the budget, the way it ends at `max_steps`: the callbacks' end-of-training work
-(the final evaluation, sample grid and `last.ckpt`) then runs on that last trained iteration, after the budget. Under
-several processes the ranks agree (one scalar all-reduce per iteration, only when a budget is set), so every rank
-stops at the same iteration. A resumed run gets a fresh budget and continues from the checkpoint's iteration.
+(the final evaluation, sample grid and `last.ckpt`) then runs on that last trained iteration, after the budget. A
+resumed run gets a fresh budget and continues from the checkpoint's iteration.
+
+Under several processes (DDP, FSDP, torchrun, SLURM) each rank has its own clock, started when it built its settings
+(rank 0 starts first: it launches the others), so the ranks disagree about when the budget is spent. They agree on
+the stop instead: every rank all-reduces its "past the budget" flag at every iteration when a budget is set (one
+scalar), whatever its own clock says, and all stop at the first iteration at which any rank is past. The all-reduce
+must never depend on a rank's own clock or state: a rank that skipped it would leave the others waiting in it.
+(The 2-process stop that "hung in CI" was not this: an in-process DDP/FSDP test had left LOCAL_RANK in os.environ,
+so the next 2-process run believed a launcher had started it and waited for a second rank nobody started;
+tests/conftest.py now restores the environment after each test.)
 """
 
 from __future__ import annotations
