@@ -58,6 +58,21 @@ def test_style_and_content_losses_are_float32_under_bf16_autocast():
     torch.testing.assert_close(c, torch.nn.functional.mse_loss(a16.float(), b16.float()))
 
 
+def test_style_content_and_adain_losses_match_a_hand_computation():
+    # Style: layer a, ones of 2 channels over 2x2 pixels: Gram = 4 / (2 * 2 * 2) = 0.5 everywhere; against a zero
+    # target the mean squared difference is 0.25, weighted 3: 0.75. Layer b, one channel [2, 2] over 1x2: Gram
+    # (4 + 4) / 2 = 4; against 1 it is 9, weight 1 (not given). Total 9.75.
+    features = {"a": torch.ones(1, 2, 2, 2), "b": torch.full((1, 1, 1, 2), 2.0)}
+    targets = {"a": torch.zeros(1, 2, 2), "b": torch.ones(1, 1, 1)}
+    assert style_loss(features, targets, {"a": 3.0}).item() == pytest.approx(9.75)
+    # Content: the mean squared error, (1 + 4) / 2.
+    assert content_loss(torch.tensor([[1.0, 2.0]]), torch.zeros(1, 2)).item() == pytest.approx(2.5)
+    # AdaIN's style term: channel [1, 3, 1, 3] has mean 2 and biased variance 1 (unbiased would be 4/3); against
+    # zeros, (2 - 0)^2 + (sqrt(1 + 1e-5) - sqrt(1e-5))^2 = 4 + 0.993695.
+    output = torch.tensor([1.0, 3.0, 1.0, 3.0]).reshape(1, 1, 1, 4)
+    assert mean_std_loss(output, torch.zeros(1, 1, 1, 4)).item() == pytest.approx(4.993695, abs=1e-6)
+
+
 def test_total_variation():
     assert total_variation_loss(torch.full((1, 3, 8, 8), 0.3)) == 0
     stripes = torch.zeros(1, 1, 4, 4)
