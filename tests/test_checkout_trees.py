@@ -29,8 +29,8 @@ def other_checkout(tmp_path_factory) -> Path:
         shutil.copy2(CHECKOUT / name, clone / name)
     train_yaml = clone / "conf" / "train.yaml"
     text = train_yaml.read_text()
-    assert "\nmax_steps: 1500 " in text
-    train_yaml.write_text(text.replace("\nmax_steps: 1500 ", f"\nmax_steps: {MARKER_STEPS} "))
+    assert "\nmax_steps: 2500 " in text
+    train_yaml.write_text(text.replace("\nmax_steps: 2500 ", f"\nmax_steps: {MARKER_STEPS} "))
     with open(clone / "src" / "pixelsmith" / "__init__.py", "a") as init:
         init.write('\nWHICH_CHECKOUT = "the second one"\n')
     return clone

@@ -116,11 +116,11 @@ def test_the_local_config_wins_over_the_groups_and_the_command_line_over_it(tmp_
     cfg = compose_config([searchpath], tmp_path)
     assert cfg.hardware.name == "mybox"  # local/default.yaml chose the profile
     assert cfg.hardware.num_workers == 1  # over the profile's 0
-    assert cfg.max_steps == 7  # over train.yaml's 1500
+    assert cfg.max_steps == 7  # over train.yaml's 2500
     cfg = compose_config([searchpath, "hardware=cpu", "hardware.num_workers=3", "max_steps=9"], tmp_path)
     assert (cfg.hardware.name, cfg.hardware.num_workers, cfg.max_steps) == ("cpu", 3, 9)
     # The shipped example is a valid (empty) option: copying it changes nothing until a key is uncommented.
-    assert compose_config(["local=example"], tmp_path).max_steps == 1500
+    assert compose_config(["local=example"], tmp_path).max_steps == 2500
 
 
 def test_one_run_builds_the_plan_once_and_applies_it_once(make_cfg, monkeypatch):

@@ -87,8 +87,8 @@ def test_auto_batch_on_a_ram_budget_with_real_iterations(make_cfg, tmp_path, mon
     assert report["baseline_mb"] < budget_mb - 10  # the search had room to grow
     assert any(t["batch"] > best and not t["fits"] for t in trials)  # the budget, not max_batch, stopped it
     assert cfg.data.batch_size == chosen
-    assert cfg.model.g_optimizer.lr == pytest.approx(2e-4 * chosen / 16)
-    assert cfg.model.d_optimizer.lr == pytest.approx(2e-4 * chosen / 16)
+    assert cfg.model.g_optimizer.lr == pytest.approx(1e-3 * chosen / 16)
+    assert cfg.model.d_optimizer.lr == pytest.approx(1e-3 * chosen / 16)
 
     # A relaunched DDP rank (same config, inherited environment) reuses the result without searching.
     def no_search(*args, **kwargs):
