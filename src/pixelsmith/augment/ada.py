@@ -24,7 +24,7 @@ does not have) and the other colour ops act through the mean of the RGB map's ro
 scales and a luma flip negates; other channel counts (NVlabs refuses them) get that map on every channel.
 
 The warp (`warp`): `lowpass` is NVlabs' 2x-oversampled symlet-6 resampling (`augment.warp.warp_inverse_lowpass`),
-`bilinear` one bilinear gather at the image's resolution, about 5x cheaper and blurrier/aliased under rotation and
+`bilinear` one bilinear gather at the image's resolution, 6-14x cheaper on CPU and blurrier/aliased under rotation and
 down-scaling (benchmarks/augment_bench.py prints both). Both are our own gather-based code, differentiable twice on
 CUDA (lazy R1 backpropagates twice through the augmentation; `F.grid_sample` has no double backward there, which is
 why the reference ships its own grid-sample op).
@@ -183,7 +183,7 @@ class AdaptiveAugment(GANAugment):
         if warp not in WARPS:
             raise ValueError(
                 f"augment.warp={warp!r} is not a warp: choose lowpass (NVlabs' 2x-oversampled symlet-6 resampling, "
-                "the default) or bilinear (one bilinear gather, about 5x cheaper, blurrier and aliased under "
+                "the default) or bilinear (one bilinear gather, 6-14x cheaper on CPU, blurrier and aliased under "
                 "rotation and down-scaling)."
             )
         self.target = float(target)

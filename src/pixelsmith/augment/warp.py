@@ -6,7 +6,7 @@ Two resamplers of the same geometric map:
   interpolation blurs a little and aliases when the map shrinks the image);
 - `warp_inverse_lowpass`: NVlabs' scheme (stylegan2-ada-pytorch, training/augment.py, AugmentPipe.forward): upsample
   2x through the symlet-6 low-pass filter, warp bilinearly at twice the resolution, low-pass and downsample 2x. The
-  oversampled warp keeps the result band-limited, so rotations and down-scalings alias much less, at about 5x the
+  oversampled warp keeps the result band-limited, so rotations and down-scalings alias much less, at 6-14x the
   work of the bilinear warp (benchmarks/augment_bench.py prints both).
 
 Why not kornia's `warp_affine` or `F.grid_sample`: grid_sample's double backward exists on CPU but not on CUDA
