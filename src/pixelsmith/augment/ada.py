@@ -1,47 +1,118 @@
 """ADA: adaptive discriminator augmentation (Karras et al. 2020, "Training GANs with Limited Data").
 
-Each op is applied per sample with probability p, and p follows D's overfitting heuristic
+Each op is applied per sample with probability p times its multiplier, and p follows D's overfitting heuristic
 r_t = E[sign(D(real))]: every `interval` iterations p += sign(r_t - target) * images / (speed_kimg * 1000),
 clamped to [0, max_p], where `images` counts what D saw (all ranks) since the last adjustment.
 
-Ops and distributions follow the reference "bgc" pipeline (github.com/NVlabs/stylegan2-ada-pytorch,
-training/augment.py), restricted to: x-flip, rotation by multiples of 90 degrees, integer translation,
-isotropic scaling 2^N(0, scale_std), rotation U(-rotate_max_deg, rotate_max_deg); brightness +N(0, brightness),
-contrast x 2^N(0, contrast), hue rotation about the luma axis U(-hue, hue) * 180 degrees and saturation
-x 2^N(0, saturation) around the luma axis. As in the reference:
+The ops, their distributions and constants, their order and the way they compose are those of NVlabs' AugmentPipe
+(github.com/NVlabs/stylegan2-ada-pytorch, training/augment.py), and `pipeline` takes the names of its train.py
+`augpipe_specs` (default `bgc`, every multiplier 1):
 
-- all geometric ops are folded into one affine matrix per sample and resampled once (bilinear, reflection
-  padding), so stacking ops costs one warp and blurs once. The warp is our own gather-based
-  `augment.warp.warp_affine_reflect` (the values of kornia's `warp_affine`): kornia's calls `F.grid_sample`,
-  which has no double backward on CUDA, and lazy R1 backpropagates twice through the warp (the reference ships
-  its own grid-sample op for the same reason);
-- all colour ops are folded into one affine colour map per sample (3x3 matrix plus offset) applied to the [-1, 1]
-  values, so contrast scales about mid-grey and nothing is clamped.
-kornia's RandomAffine/RandomRotation/RandomBrightness/RandomContrast/RandomSaturation/RandomHue are not used:
-they draw uniform factors (ADA draws normal and log-normal ones), saturation and hue work in HSV with [0, 1]
-clamps, each geometric op resamples (and blurs) separately, and below p=1 kornia transforms every sample and then
-keeps the untransformed ones with torch.where, so p=0.05 costs as much as p=1. Here p=0 skips all work and, on
-CPU, only the samples that drew a geometric op are warped.
+- geometric, composed into ONE inverse matrix per sample (output pixel -> input pixel, centred pixel coordinates)
+  and resampled once: x-flip (with probability 1/2 once drawn), k quarter turns (k uniform in 0..3), integer
+  translation round(U(-xint_max, xint_max) * size), isotropic scale 2^N(0, scale_std), pre-rotation
+  U(-1, 1) * pi * rotate_max, anisotropic scale (2^N(0, aniso_std) in x, its inverse in y), post-rotation, and
+  fractional translation N(0, xfrac_std) * size. The two rotations each run with 1 - sqrt(1 - rotate * p), so that
+  one or both run with probability rotate * p;
+- colour, composed into one affine map of RGB in [-1, 1] (NVlabs' 4x4 matrix, written out): brightness
+  + N(0, brightness_std), contrast x 2^N(0, contrast_std), luma flip (the Householder reflection about the luma axis
+  v = (1, 1, 1) / sqrt(3), with probability 1/2 once drawn), hue rotation about v by U(-1, 1) * pi * hue_max, and
+  saturation x 2^N(0, saturation_std) of the part orthogonal to v. Nothing is clamped.
 
-Deviations from the reference: no anisotropic scaling or fractional translation (not in this API); one rotation
-with probability p instead of two with 1 - sqrt(1 - p) (the same distribution for rotate_max_deg=180); no
-wavelet up/down-sampling around the warp (plain bilinear). On grayscale images only brightness and contrast run:
-hue and saturation act on chroma, which one channel does not have.
+Grayscale (1 channel, MNIST) follows NVlabs: hue and saturation are skipped (they act on chroma, which one channel
+does not have) and the other colour ops act through the mean of the RGB map's rows, so brightness adds b, contrast
+scales and a luma flip negates; other channel counts (NVlabs refuses them) get that map on every channel.
+
+The warp (`warp`): `lowpass` is NVlabs' 2x-oversampled symlet-6 resampling (`augment.warp.warp_inverse_lowpass`),
+`bilinear` one bilinear gather at the image's resolution, 6-14x cheaper on CPU and blurrier/aliased under rotation and
+down-scaling (benchmarks/augment_bench.py prints both). Both are our own gather-based code, differentiable twice on
+CUDA (lazy R1 backpropagates twice through the augmentation; `F.grid_sample` has no double backward there, which is
+why the reference ships its own grid-sample op).
+
+Unlike kornia's random transforms (uniform factors, HSV with clamps, one resampling per op), nothing here
+synchronises with the host: the gates are tensors compared with p on the device, every op not drawn takes its
+identity value, and a sample that drew no geometric op keeps its pixels bit-exact (row selection on CPU, torch.where
+on accelerators). At p=0 the images come back untouched. Deviations from the reference: image-space filtering, noise
+and cutout (NVlabs' 'bgcfnc' extras) are not implemented; the lowpass warp reflects the image for any distance where
+NVlabs' data-dependent padding stops at W - 1 pixels and pads with zeros beyond.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch import Tensor
 
 from pixelsmith.augment.base import GANAugment, apply_to_selected_rows
-from pixelsmith.augment.warp import warp_affine_reflect
+from pixelsmith.augment.warp import SYMLET6, warp_inverse_bilinear, warp_inverse_lowpass
 
-_FLOAT32_STATE = ("p", "sign_stats", "last_rt")
+GEOMETRIC_OPS = ("xflip", "rotate90", "xint", "scale", "rotate", "aniso", "xfrac")
+COLOUR_OPS = ("brightness", "contrast", "lumaflip", "hue", "saturation")
+OPS = GEOMETRIC_OPS + COLOUR_OPS
+# NVlabs' train.py augpipe_specs, restricted to the ops implemented here (every listed multiplier is 1).
+PIPELINES: dict[str, tuple[str, ...]] = {
+    "blit": ("xflip", "rotate90", "xint"),
+    "geom": ("scale", "rotate", "aniso", "xfrac"),
+    "color": COLOUR_OPS,
+    "bg": GEOMETRIC_OPS,
+    "bgc": OPS,
+}
+WARPS = ("lowpass", "bilinear")
+# Gates drawn per sample, in this order; rotate has two (pre and post), each with 1 - sqrt(1 - rotate * p).
+_GATES = (
+    "xflip",
+    "rotate90",
+    "xint",
+    "scale",
+    "rotate_pre",
+    "aniso",
+    "rotate_post",
+    "xfrac",
+    "brightness",
+    "contrast",
+    "lumaflip",
+    "hue",
+    "saturation",
+)
+_GATE_MULTIPLIER = tuple("rotate" if gate.startswith("rotate_") else gate for gate in _GATES)
+_FLOAT32_STATE = ("p", "sign_stats", "last_rt", "gate_multipliers", "lowpass_taps")
+# Keys of the pre-bgc ADA (its op strengths), still accepted so that a stored run config builds (evaluate.py).
+_LEGACY_KEYS = (
+    "xflip",
+    "rotate90",
+    "translate",
+    "rotate_max_deg",
+    "brightness",
+    "contrast",
+    "saturation",
+    "hue",
+)
+
+
+@dataclass
+class AugmentDraws:
+    """Per-sample random parameters of one call, (N,) tensors (xint and xfrac (N, 2), in pixels). Every op not
+    drawn holds its identity value (0 for flips, turns, translations, angles and brightness, 1 for the scales,
+    contrast and saturation); `gates` says which were drawn (rotate_pre and rotate_post for the two rotations)."""
+
+    gates: dict[str, Tensor]
+    xflip: Tensor
+    rotate90: Tensor
+    xint: Tensor
+    scale: Tensor
+    rotate_pre: Tensor
+    aniso: Tensor
+    rotate_post: Tensor
+    xfrac: Tensor
+    brightness: Tensor
+    contrast: Tensor
+    lumaflip: Tensor
+    hue: Tensor
+    saturation: Tensor
 
 
 class AdaptiveAugment(GANAugment):
@@ -54,6 +125,10 @@ class AdaptiveAugment(GANAugment):
     upper bound on p (each adjustment moves p by at most images / (speed_kimg * 1000)) that lets p=0 skip all work.
     `stats()` and `probability` read the device (logging iterations only) and tighten that bound to p itself.
     The float buffers stay float32 even if the owning module is cast to bf16/fp16 (steps of ~1e-4 would vanish).
+
+    `pipeline` is one of NVlabs' names (blit, geom, color, bg, bgc) or a comma-separated list of ops (xflip,
+    rotate90, xint, scale, rotate, aniso, xfrac, brightness, contrast, lumaflip, hue, saturation), each with
+    multiplier 1; `multipliers` overrides single ops' multipliers ({"lumaflip": 0.5}; 0 turns an op off).
     """
 
     def __init__(
@@ -63,15 +138,19 @@ class AdaptiveAugment(GANAugment):
         speed_kimg: float = 500.0,
         initial_p: float = 0.0,
         max_p: float = 1.0,
-        xflip: bool = True,
-        rotate90: bool = True,
-        translate: float = 0.125,
+        pipeline: str = "bgc",
+        multipliers: Mapping[str, float] | None = None,
+        warp: str = "lowpass",
+        xint_max: float = 0.125,
         scale_std: float = 0.2,
-        rotate_max_deg: float = 180.0,
-        brightness: float = 0.2,
-        contrast: float = 0.5,
-        saturation: float = 1.0,
-        hue: float = 0.0,
+        rotate_max: float = 1.0,
+        aniso_std: float = 0.2,
+        xfrac_std: float = 0.125,
+        brightness_std: float = 0.2,
+        contrast_std: float = 0.5,
+        hue_max: float = 1.0,
+        saturation_std: float = 1.0,
+        **legacy_options: Any,
     ):
         super().__init__()
         if interval < 1:
@@ -83,32 +162,38 @@ class AdaptiveAugment(GANAugment):
         if not 0.0 <= max_p <= 1.0 or not 0.0 <= initial_p <= max_p:
             raise ValueError(f"Need 0 <= initial_p <= max_p <= 1, got initial_p={initial_p}, max_p={max_p}.")
         strengths = dict(
-            translate=translate,
+            xint_max=xint_max,
             scale_std=scale_std,
-            rotate_max_deg=rotate_max_deg,
-            brightness=brightness,
-            contrast=contrast,
-            saturation=saturation,
-            hue=hue,
+            rotate_max=rotate_max,
+            aniso_std=aniso_std,
+            xfrac_std=xfrac_std,
+            brightness_std=brightness_std,
+            contrast_std=contrast_std,
+            hue_max=hue_max,
+            saturation_std=saturation_std,
         )
+        if legacy_options:
+            ops, strengths, warp = _from_legacy_options(legacy_options, scale_std)
+        else:
+            ops = _pipeline_multipliers(pipeline)
+        ops.update(_checked_multipliers(multipliers))
         negative = {name: value for name, value in strengths.items() if value < 0}
         if negative:
-            raise ValueError(f"Augmentation strengths must be >= 0 (0 disables the op), got {negative}.")
-        if hue > 1.0:
-            raise ValueError(f"hue is a fraction of a half turn and must be in [0, 1], got {hue}.")
+            raise ValueError(f"ADA's op strengths must be >= 0, got {negative}.")
+        if warp not in WARPS:
+            raise ValueError(
+                f"augment.warp={warp!r} is not a warp: choose lowpass (NVlabs' 2x-oversampled symlet-6 resampling, "
+                "the default) or bilinear (one bilinear gather, 6-14x cheaper on CPU, blurrier and aliased under "
+                "rotation and down-scaling)."
+            )
         self.target = float(target)
         self.interval = int(interval)
         self.speed_kimg = float(speed_kimg)
         self.max_p = float(max_p)
-        self.xflip = bool(xflip)
-        self.rotate90 = bool(rotate90)
-        self.translate = float(translate)
-        self.scale_std = float(scale_std)
-        self.rotate_max_deg = float(rotate_max_deg)
-        self.brightness = float(brightness)
-        self.contrast = float(contrast)
-        self.saturation = float(saturation)
-        self.hue = float(hue)
+        self.multipliers = {op: float(ops[op]) for op in OPS}
+        self.warp = warp
+        for name, value in strengths.items():
+            setattr(self, name, float(value))
 
         self.register_buffer("p", torch.tensor(initial_p, dtype=torch.float32))
         # Return the images untouched while the host knows p is 0 (saves the warp). A captured CUDA graph must
@@ -120,6 +205,15 @@ class AdaptiveAugment(GANAugment):
         self.register_buffer("images_since_adjust", torch.zeros((), dtype=torch.int64))
         self.register_buffer("iterations_since_adjust", torch.zeros((), dtype=torch.int64))
         self.register_buffer("last_rt", torch.tensor(float("nan"), dtype=torch.float32))
+        # Constants the forward pass needs on the device, made once here: a tensor built from Python numbers inside
+        # the training step would be a host-to-device copy, which a CUDA graph capture refuses. Not persistent: they
+        # follow the config, and checkpoints from before they existed load unchanged.
+        gate_multipliers = torch.tensor(
+            [self.multipliers[op] for op in _GATE_MULTIPLIER], dtype=torch.float32
+        )
+        self.register_buffer("gate_multipliers", gate_multipliers, persistent=False)
+        taps = torch.tensor(SYMLET6, dtype=torch.float64)
+        self.register_buffer("lowpass_taps", (taps / taps.sum()).float(), persistent=False)
         # This rank's signs since the last update(); reduced and folded into sign_stats by update(). A plain
         # attribute, not a buffer: it is always empty between iterations, where checkpoints are written.
         self._pending_signs: Tensor | None = None
@@ -127,11 +221,13 @@ class AdaptiveAugment(GANAugment):
         self.register_load_state_dict_post_hook(_refresh_mirrors_after_load)
 
     def extra_repr(self) -> str:
+        enabled = ", ".join(f"{op}={m:g}" for op, m in self.multipliers.items() if m > 0) or "none"
         return (
             f"p={float(self.p):.4f}, target={self.target}, interval={self.interval}, speed_kimg={self.speed_kimg}, "
-            f"max_p={self.max_p}, xflip={self.xflip}, rotate90={self.rotate90}, translate={self.translate}, "
-            f"scale_std={self.scale_std}, rotate_max_deg={self.rotate_max_deg}, brightness={self.brightness}, "
-            f"contrast={self.contrast}, saturation={self.saturation}, hue={self.hue}"
+            f"max_p={self.max_p}, warp={self.warp}, ops=({enabled}), xint_max={self.xint_max}, "
+            f"scale_std={self.scale_std}, rotate_max={self.rotate_max}, aniso_std={self.aniso_std}, "
+            f"xfrac_std={self.xfrac_std}, brightness_std={self.brightness_std}, contrast_std={self.contrast_std}, "
+            f"hue_max={self.hue_max}, saturation_std={self.saturation_std}"
         )
 
     # ---- adaptation --------------------------------------------------------------------------------------------
@@ -219,125 +315,270 @@ class AdaptiveAugment(GANAugment):
 
     # ---- augmentation ------------------------------------------------------------------------------------------
     def _augment(self, images: Tensor) -> Tensor:
-        p = self.p
         # The per-sample parameters are drawn whatever happens next (a few (N,)-vectors): the random streams must
         # not depend on the host's bound on p, or a run resumed between logging iterations (bound reset to p)
         # would draw other latents than a straight run.
-        geometric = self._geometric_matrices(images, p)
-        colour = self._colour_transform(images, p)
+        draws = self.sample(images)
         if (
             self._p_bound <= 0.0 and self.skip_when_off
         ):  # p is surely 0: no op drawn, the images pass untouched
             return images
-        if geometric is not None:
-            matrices, applied = geometric
-            images = apply_to_selected_rows(
-                images,
-                applied,
-                lambda rows, index: _warp(rows, matrices if index is None else matrices[index]),
-                gather_rows=_warp_selected_rows_only(images.device),
-            )
-        if colour is not None:
-            # Samples that drew no colour op get exactly gain 1 / the identity matrix and offset 0, which leaves them
-            # bit-exact, so this pass needs no row selection.
-            images = _apply_colour(images, *colour)
-        return images
+        return self.augment_with(images, draws)
 
-    def _geometric_matrices(self, images: Tensor, p: float) -> tuple[Tensor, Tensor] | None:
-        """Per-sample source-to-destination pixel matrices (N, 2, 3) and which samples drew any geometric op.
-
-        Reference order, each op about the image centre: x-flip f, k quarter turns, integer translation t,
-        scale s, rotation theta. The linear part s R(theta) R(k 90) diag(f, 1) = s R(theta + k 90) diag(f, 1) and the
-        translation s R(theta) t are a few elementwise ops on (N,) vectors (one kernel launch each on a GPU) instead
-        of a chain of 3x3 products. An op not drawn for a sample takes its identity value.
-        """
-        if not (
-            self.xflip or self.rotate90 or self.translate > 0 or self.scale_std > 0 or self.rotate_max_deg > 0
-        ):
-            return None
+    def sample(self, images: Tensor) -> AugmentDraws:
+        """Draw every op's gate and value for each sample of `images` (on its device, at the current p)."""
         n, _, height, width = images.shape
         device = images.device
-        # Rows: gates (flip, rot90, translate, scale, rotate), flip coin, quarter turns, shift x, shift y, angle.
-        uniform = torch.rand(10, n, device=device)
-        gates = uniform[:5] < p
-        applied = torch.zeros(n, dtype=torch.bool, device=device)
-        zero, one = torch.zeros(n, device=device), torch.ones(n, device=device)
-        flip, cos_k, sin_k, shift_x, shift_y, scale, cos_t, sin_t = one, one, zero, zero, zero, one, one, zero
-        if self.xflip:
-            applied = applied | gates[0]
-            flip = torch.where(gates[0] & (uniform[5] < 0.5), -1.0, 1.0)  # reference: with p, flip with 1/2
-        if self.rotate90:
-            applied = applied | gates[1]
-            quarter_turns = torch.where(gates[1], (uniform[6] * 4).long().clamp_(max=3), 0)
-            # Exact cosines/sines of k * 90 degrees (cos(pi/2) in float32 is -4e-8, not 0).
-            cos_k = (quarter_turns == 0).float() - (quarter_turns == 2).float()
-            sin_k = (quarter_turns == 1).float() - (quarter_turns == 3).float()
-        if self.translate > 0:
-            applied = applied | gates[2]
-            shift_x = torch.where(gates[2], torch.round((uniform[7] * 2 - 1) * (self.translate * width)), 0.0)
-            shift_y = torch.where(
-                gates[2], torch.round((uniform[8] * 2 - 1) * (self.translate * height)), 0.0
+        # One call per distribution: rows of `uniform` are the 13 gates, then x-flip coin, quarter turns, integer
+        # translation x and y, pre- and post-rotation angles, luma-flip coin and hue angle; rows of `normal` are the
+        # isotropic and anisotropic scales, fractional translation x and y, brightness, contrast and saturation.
+        uniform = torch.rand(len(_GATES) + 8, n, device=device)
+        normal = torch.randn(7, n, device=device)
+        probability = self.p.to(device) * self.gate_multipliers.to(device)
+        # The rotations: P(pre or post) = 1 - (1 - p_rot)^2 = rotate * p.
+        rotation = 1 - torch.sqrt((1 - probability).clamp(0, 1))
+        probability = _select_rotation_gates(probability, rotation)
+        gate_rows = uniform[: len(_GATES)] < probability.unsqueeze(1)
+        gates = dict(zip(_GATES, gate_rows.unbind(0), strict=True))
+        coin_flip, quarter, shift_x, shift_y, angle_pre, angle_post, coin_luma, angle_hue = uniform[
+            len(_GATES) :
+        ]
+        log_scale, log_aniso, frac_x, frac_y, bright, log_contrast, log_saturation = normal
+
+        def drawn(gate: str, value: Tensor, identity: float) -> Tensor:
+            return torch.where(gates[gate], value, identity)
+
+        half_turn = math.pi
+        return AugmentDraws(
+            gates=gates,
+            xflip=drawn("xflip", torch.floor(coin_flip * 2), 0.0),
+            rotate90=drawn("rotate90", torch.floor(quarter * 4).clamp_(max=3), 0.0),
+            xint=torch.where(
+                gates["xint"].unsqueeze(1),
+                torch.round(
+                    torch.stack(
+                        [
+                            (shift_x * 2 - 1) * (self.xint_max * width),
+                            (shift_y * 2 - 1) * (self.xint_max * height),
+                        ],
+                        1,
+                    )
+                ),
+                0.0,
+            ),
+            scale=drawn("scale", torch.exp2(log_scale * self.scale_std), 1.0),
+            rotate_pre=drawn("rotate_pre", (angle_pre * 2 - 1) * (half_turn * self.rotate_max), 0.0),
+            aniso=drawn("aniso", torch.exp2(log_aniso * self.aniso_std), 1.0),
+            rotate_post=drawn("rotate_post", (angle_post * 2 - 1) * (half_turn * self.rotate_max), 0.0),
+            xfrac=torch.where(
+                gates["xfrac"].unsqueeze(1),
+                torch.stack([frac_x * (self.xfrac_std * width), frac_y * (self.xfrac_std * height)], 1),
+                0.0,
+            ),
+            brightness=drawn("brightness", bright * self.brightness_std, 0.0),
+            contrast=drawn("contrast", torch.exp2(log_contrast * self.contrast_std), 1.0),
+            lumaflip=drawn("lumaflip", torch.floor(coin_luma * 2), 0.0),
+            hue=drawn("hue", (angle_hue * 2 - 1) * (half_turn * self.hue_max), 0.0),
+            saturation=drawn("saturation", torch.exp2(log_saturation * self.saturation_std), 1.0),
+        )
+
+    def augment_with(self, images: Tensor, draws: AugmentDraws) -> Tensor:
+        """Apply the given draws: the geometric ops as one warp of the samples whose map is not the identity, then
+        the colour map (exactly the identity for samples that drew no colour op)."""
+        n, channels, height, width = images.shape
+        if any(self.multipliers[op] > 0 for op in GEOMETRIC_OPS):
+            linear, offset = geometric_inverse(draws)
+            identity = torch.eye(2, device=linear.device, dtype=linear.dtype)
+            moved = (linear != identity).flatten(1).any(1) | (offset != 0).any(1)
+            inverse = _centred_to_index(linear, offset, height, width)
+            warp = self._warp_rows
+            images = apply_to_selected_rows(
+                images,
+                moved,
+                lambda rows, index: warp(rows, inverse if index is None else inverse[index]),
+                gather_rows=_warp_selected_rows_only(images.device),
             )
-        if self.scale_std > 0:
-            applied = applied | gates[3]
-            scale = torch.where(gates[3], torch.exp2(torch.randn(n, device=device) * self.scale_std), 1.0)
-        if self.rotate_max_deg > 0:
-            applied = applied | gates[4]
-            theta = torch.where(gates[4], (uniform[9] * 2 - 1) * math.radians(self.rotate_max_deg), 0.0)
-            cos_t, sin_t = torch.cos(theta), torch.sin(theta)
-        cos_total = cos_t * cos_k - sin_t * sin_k
-        sin_total = sin_t * cos_k + cos_t * sin_k
-        a, b = scale * cos_total * flip, -scale * sin_total
-        c, d = scale * sin_total * flip, scale * cos_total
-        shift_x, shift_y = (
-            scale * (cos_t * shift_x - sin_t * shift_y),
-            scale * (sin_t * shift_x + cos_t * shift_y),
-        )
-        # About the centre: x' = L (x - centre) + t + centre; align_corners=True puts pixel centres at 0..W-1.
-        centre_x, centre_y = (width - 1) / 2, (height - 1) / 2
-        shift_x = shift_x + centre_x - (a * centre_x + b * centre_y)
-        shift_y = shift_y + centre_y - (c * centre_x + d * centre_y)
-        return torch.stack([a, b, shift_x, c, d, shift_y], dim=1).view(n, 2, 3), applied
+        colour_ops = ("brightness", "contrast", "lumaflip") + (("hue", "saturation") if channels == 3 else ())
+        if any(self.multipliers[op] > 0 for op in colour_ops):
+            images = apply_colour(images, draws)
+        return images
 
-    def _colour_transform(self, images: Tensor, p: float) -> tuple[Tensor, Tensor] | None:
-        """Per-sample colour map on [-1, 1] values: (gain (N,) or matrix (N, 3, 3), offset (N,)).
+    def _warp_rows(self, images: Tensor, inverse: Tensor) -> Tensor:
+        if self.warp == "bilinear":
+            return warp_inverse_bilinear(images, inverse)
+        return warp_inverse_lowpass(images, inverse, self.lowpass_taps)
 
-        Reference order: brightness b, contrast c, hue rotation theta about the luma axis v, saturation s (a scale
-        of the chroma, the part orthogonal to v). With P = v v^T, Q = I - P and K = [v]x (cross-product matrix):
-            hue R = P + cos(theta) Q + sin(theta) K (Rodrigues), saturation S = P + s Q, and since R 1 = S 1 = 1,
-            x' = S R c (x + b) = c (I + (s cos(theta) - 1) Q + s sin(theta) K) x + c b.
-        Without chroma ops (or on non-RGB images) this is the gain c and offset c b.
-        """
-        n, channels = images.shape[:2]
-        chroma = channels == 3 and (self.hue > 0 or self.saturation > 0)
-        if not (self.brightness > 0 or self.contrast > 0 or chroma):
-            return None
-        device = images.device
-        uniform = torch.rand(5, n, device=device)  # gates (brightness, contrast, hue, saturation), hue angle
-        normal = torch.randn(3, n, device=device)  # brightness, contrast, saturation
-        gates = uniform[:4] < p
-        zero, one = torch.zeros(n, device=device), torch.ones(n, device=device)
-        offset = torch.where(gates[0], normal[0] * self.brightness, 0.0) if self.brightness > 0 else zero
-        gain = torch.where(gates[1], torch.exp2(normal[1] * self.contrast), 1.0) if self.contrast > 0 else one
-        offset = gain * offset
-        if not chroma:
-            return gain, offset
-        theta = (
-            torch.where(gates[2], (uniform[4] * 2 - 1) * (math.pi * self.hue), 0.0) if self.hue > 0 else zero
+
+def _select_rotation_gates(probability: Tensor, rotation: Tensor) -> Tensor:
+    # Gate rows 4 and 6 (rotate_pre, rotate_post) use the split probability; slices, not a mask made on the host.
+    return torch.cat([probability[:4], rotation[4:5], probability[5:6], rotation[6:7], probability[7:]])
+
+
+def _rotation(angle_cos: Tensor, angle_sin: Tensor) -> Tensor:
+    """(N, 2, 2) rotations [[cos, -sin], [sin, cos]] (NVlabs' rotate2d)."""
+    return torch.stack([angle_cos, -angle_sin, angle_sin, angle_cos], dim=1).view(-1, 2, 2)
+
+
+def _diagonal(x_scale: Tensor, y_scale: Tensor) -> Tensor:
+    zero = torch.zeros_like(x_scale)
+    return torch.stack([x_scale, zero, zero, y_scale], dim=1).view(-1, 2, 2)
+
+
+def _matmul(a: Tensor, b: Tensor) -> Tensor:
+    # Elementwise, not torch.matmul: under TF32 (the a100/h100 profiles) a float32 matmul keeps 10 mantissa bits,
+    # which would misplace pixels by a fraction of a pixel at 256 px.
+    if b.ndim == a.ndim - 1:
+        return (a * b.unsqueeze(-2)).sum(-1)
+    return (a.unsqueeze(-1) * b.unsqueeze(-3)).sum(-2)
+
+
+def geometric_inverse(draws: AugmentDraws) -> tuple[Tensor, Tensor]:
+    """The composed inverse map (output pixel -> input pixel, centred pixel coordinates, x = column, y = row) as
+    its linear part (N, 2, 2) and offset (N, 2).
+
+    NVlabs' G_inv = F^-1 R90^-1 Tint^-1 S^-1 Rpre^-1 A^-1 Rpost^-1 Tfrac^-1 (training/augment.py), written as
+    x_in = F R (M (x_out - t_frac) - t_int) with F = diag(1 - 2 flip, 1), R the quarter turns' rotation (exact
+    cosines: cos(pi / 2) in float32 is -4e-8, not 0) and M = R(pre) diag(1 / a, a) R(post) / s.
+    """
+    turns = draws.rotate90
+    turn_cos = (turns == 0).to(turns.dtype) - (turns == 2).to(turns.dtype)
+    turn_sin = (turns == 1).to(turns.dtype) - (turns == 3).to(turns.dtype)
+    flip_turn = _matmul(_diagonal(1 - 2 * draws.xflip, torch.ones_like(turns)), _rotation(turn_cos, turn_sin))
+    pre = _rotation(torch.cos(draws.rotate_pre), torch.sin(draws.rotate_pre))
+    post = _rotation(torch.cos(draws.rotate_post), torch.sin(draws.rotate_post))
+    general = _matmul(_matmul(pre, _diagonal(1 / draws.aniso, draws.aniso)), post) / draws.scale.view(
+        -1, 1, 1
+    )
+    linear = _matmul(flip_turn, general)
+    offset = -(_matmul(linear, draws.xfrac) + _matmul(flip_turn, draws.xint))
+    return linear, offset
+
+
+def _centred_to_index(linear: Tensor, offset: Tensor, height: int, width: int) -> Tensor:
+    """(N, 2, 3) maps in pixel-index coordinates (pixel centres at 0..W-1): x_in = L (x_out - c) + o + c."""
+    centre = _centre(linear, height, width)
+    index_offset = offset + centre - _matmul(linear, centre.expand_as(offset))
+    return torch.cat([linear, index_offset.unsqueeze(2)], dim=2)
+
+
+def _centre(like: Tensor, height: int, width: int) -> Tensor:
+    # ((W - 1) / 2, (H - 1) / 2) made on the device (arange and arithmetic), without copying from the host.
+    axis = torch.arange(2, device=like.device, dtype=like.dtype)
+    return (axis * (height - width) + (width - 1)) / 2
+
+
+def apply_colour(images: Tensor, draws: AugmentDraws) -> Tensor:
+    """NVlabs' colour matrix C = Sat Hue Luma Contrast Bright on RGB, written out.
+
+    With P = v v^T (v the luma axis), Q = I - P and K = [v]x (cross product with v), every factor but brightness is
+    a combination of P, Q and K, and those multiply like P Q = 0, Q K = K Q = K: C x = c ((1 - 2 f) P + s cos(h) Q +
+    s sin(h) K) (x + b) for contrast c, luma flip f, saturation s, hue h and brightness b. Since P x is the channel
+    mean m (on every channel), K x = (roll(x, 1) - roll(x, -1)) / sqrt(3) and K 1 = Q 1 = 0, that is
+        c s cos(h) x + c ((1 - 2 f) - s cos(h)) m + c s sin(h) K x + c (1 - 2 f) b,
+    four elementwise passes with exact identity coefficients (1, 0, 0, 0) for samples that drew nothing. On other
+    channel counts (no hue or saturation): NVlabs' grayscale rule, x c (1 - 2 f) + c (1 - 2 f) b.
+    """
+    n, channels = images.shape[:2]
+    dtype = images.dtype
+
+    def column(value: Tensor) -> Tensor:
+        return value.to(dtype).view(n, 1, 1, 1)
+
+    luma_gain = draws.contrast * (1 - 2 * draws.lumaflip)
+    offset = column(luma_gain * draws.brightness)
+    if channels != 3:
+        return torch.addcmul(offset, images, column(luma_gain))
+    chroma = draws.contrast * draws.saturation
+    chroma_cos, chroma_sin = chroma * torch.cos(draws.hue), chroma * torch.sin(draws.hue)
+    mean = images.mean(1, keepdim=True)
+    out = torch.addcmul(offset, mean, column(luma_gain - chroma_cos))
+    out = torch.addcmul(out, images, column(chroma_cos))
+    cross = images.roll(1, dims=1) - images.roll(-1, dims=1)
+    out = torch.addcmul(out, cross, column(chroma_sin / math.sqrt(3)))
+    return out.contiguous(memory_format=torch.channels_last) if _is_channels_last(images) else out
+
+
+def _is_channels_last(images: Tensor) -> bool:
+    return images.shape[1] > 1 and images.is_contiguous(memory_format=torch.channels_last)
+
+
+def _pipeline_multipliers(pipeline: str) -> dict[str, float]:
+    names = [part.strip() for part in str(pipeline).split(",") if part.strip()]
+    ops = [op for name in names for op in PIPELINES.get(name, (name,))]
+    unknown = [op for op in ops if op not in OPS]
+    if unknown:
+        raise ValueError(
+            f"augment.pipeline={pipeline!r} names no ADA op or pipeline: {', '.join(unknown)}. It takes NVlabs' "
+            f"pipeline names ({', '.join(PIPELINES)}; bgc is the paper's default) or a comma-separated list of ops "
+            f"({', '.join(OPS)}), e.g. augment.pipeline=bgc or augment.pipeline=xflip,xint. Filtering, noise and "
+            "cutout (NVlabs' bgcfnc) are not implemented; DiffAugment's cutout is augment=diffaugment."
         )
-        saturation = (
-            torch.where(gates[3], torch.exp2(normal[2] * self.saturation), 1.0)
-            if self.saturation > 0
-            else one
+    return {op: (1.0 if op in ops else 0.0) for op in OPS}
+
+
+def _checked_multipliers(multipliers: Mapping[str, float] | None) -> dict[str, float]:
+    given = dict(multipliers or {})
+    unknown = [op for op in given if op not in OPS]
+    negative = {op: m for op, m in given.items() if op in OPS and float(m) < 0}
+    if unknown or negative:
+        raise ValueError(
+            f"augment.multipliers={given} is not valid ({'unknown ops ' + ', '.join(unknown) if unknown else ''}"
+            f"{'; ' if unknown and negative else ''}{'negative ' + str(negative) if negative else ''}): it maps ops "
+            f"({', '.join(OPS)}) to probability multipliers >= 0 (p times the multiplier is the op's probability; "
+            "0 turns it off), e.g. augment.multipliers={lumaflip:0}."
         )
-        identity = torch.eye(3, device=device)
-        chroma_projection = identity - 1 / 3  # Q = I - v v^T with v = (1, 1, 1) / sqrt(3)
-        # K = [v]x: K[i, i+1] = -1/sqrt(3), K[i, i-1] = +1/sqrt(3) (indices mod 3); built on the device, no copy.
-        axis_cross = (identity.roll(-1, dims=1) - identity.roll(1, dims=1)) / math.sqrt(3)
-        scaled_cos = (saturation * torch.cos(theta) - 1).view(n, 1, 1)
-        scaled_sin = (saturation * torch.sin(theta)).view(n, 1, 1)
-        matrix = gain.view(n, 1, 1) * (identity + scaled_cos * chroma_projection + scaled_sin * axis_cross)
-        return matrix, offset
+    return {op: float(m) for op, m in given.items()}
+
+
+def _from_legacy_options(
+    options: dict[str, Any], scale_std: float
+) -> tuple[dict[str, float], dict[str, float], str]:
+    """Settings of a run config written before the bgc pipeline (keys xflip, rotate90, translate, rotate_max_deg,
+    brightness, contrast, saturation, hue as on/off and strengths): the same ops and strengths, each with
+    multiplier 1, NVlabs' rotation split, the bilinear warp, and no aniso, xfrac or luma flip (it had none)."""
+    unknown = [key for key in options if key not in _LEGACY_KEYS]
+    if unknown:
+        raise TypeError(
+            f"AdaptiveAugment got unknown options {unknown}: it takes target, interval, speed_kimg, initial_p, max_p, "
+            "pipeline, multipliers, warp and the strengths xint_max, scale_std, rotate_max, aniso_std, xfrac_std, "
+            "brightness_std, contrast_std, hue_max, saturation_std (see conf/augment/ada.yaml)."
+        )
+    old = (
+        dict(
+            xflip=True,
+            rotate90=True,
+            translate=0.125,
+            rotate_max_deg=180.0,
+            brightness=0.2,
+            contrast=0.5,
+            saturation=1.0,
+            hue=0.0,
+        )
+        | options
+    )
+    strengths = dict(
+        xint_max=float(old["translate"]),
+        scale_std=float(scale_std),
+        rotate_max=float(old["rotate_max_deg"]) / 180.0,
+        aniso_std=0.2,
+        xfrac_std=0.125,
+        brightness_std=float(old["brightness"]),
+        contrast_std=float(old["contrast"]),
+        hue_max=float(old["hue"]),
+        saturation_std=float(old["saturation"]),
+    )
+    on = dict(
+        xflip=bool(old["xflip"]),
+        rotate90=bool(old["rotate90"]),
+        xint=strengths["xint_max"] > 0,
+        scale=strengths["scale_std"] > 0,
+        rotate=strengths["rotate_max"] > 0,
+        brightness=strengths["brightness_std"] > 0,
+        contrast=strengths["contrast_std"] > 0,
+        saturation=strengths["saturation_std"] > 0,
+        hue=strengths["hue_max"] > 0,
+    )
+    return {op: float(on.get(op, False)) for op in OPS}, strengths, "bilinear"
 
 
 def _warp_selected_rows_only(device: torch.device) -> bool:
@@ -348,19 +589,3 @@ def _warp_selected_rows_only(device: torch.device) -> bool:
 def _refresh_mirrors_after_load(module: torch.nn.Module, incompatible_keys: Any) -> None:
     module._sync_mirrors_from_buffers()
     module._pending_signs = None
-
-
-def _warp(images: Tensor, matrices: Tensor) -> Tensor:
-    # Reflection padding, as in the reference: the padded border continues the image instead of adding a grey or
-    # black frame that D could use to tell augmented images apart. Differentiable twice (R1) on every device; the
-    # random matrices get no gradient.
-    return warp_affine_reflect(images, matrices)
-
-
-def _apply_colour(images: Tensor, transform: Tensor, offset: Tensor) -> Tensor:
-    n, channels, height, width = images.shape
-    transform, offset = transform.to(images.dtype), offset.to(images.dtype)
-    if transform.ndim == 1:
-        return torch.addcmul(offset.view(n, 1, 1, 1), images, transform.view(n, 1, 1, 1))
-    flat = images.reshape(n, channels, height * width)
-    return torch.baddbmm(offset.view(n, 1, 1), transform, flat).view(n, channels, height, width)

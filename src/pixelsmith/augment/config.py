@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from enum import StrEnum
+
+from pixelsmith.choices import choice
 
 
 @dataclass
@@ -15,9 +18,15 @@ class DiffAugmentConfig:
     cutout_ratio: float = 0.5
 
 
+class AdaWarp(StrEnum):
+    LOWPASS = "lowpass"  # NVlabs' 2x-oversampled symlet-6 resampling
+    BILINEAR = "bilinear"  # one bilinear gather at the image's resolution (cheaper, blurrier, aliased)
+
+
 @dataclass
 class AdaptiveAugmentConfig:
-    """`augment=ada` (pixelsmith.augment.AdaptiveAugment): p driven by the sign of D's outputs on reals."""
+    """`augment=ada` (pixelsmith.augment.AdaptiveAugment): NVlabs' AugmentPipe, p driven by the sign of D's outputs
+    on reals. Defaults: the paper's `bgc` pipeline and constants (stylegan2-ada-pytorch, training/augment.py)."""
 
     _target_: str = "pixelsmith.augment.AdaptiveAugment"
     target: float = 0.6  # E[sign(D(real))] that p is steered towards
@@ -25,12 +34,17 @@ class AdaptiveAugmentConfig:
     speed_kimg: float = 500.0  # images for p to go from 0 to 1
     initial_p: float = 0.0
     max_p: float = 1.0
-    xflip: bool = True
-    rotate90: bool = True
-    translate: float = 0.125
-    scale_std: float = 0.2
-    rotate_max_deg: float = 180.0
-    brightness: float = 0.2
-    contrast: float = 0.5
-    saturation: float = 1.0
-    hue: float = 0.0
+    # NVlabs' pipeline name (blit, geom, color, bg, bgc) or a comma-separated list of ops (xflip, rotate90, xint,
+    # scale, rotate, aniso, xfrac, brightness, contrast, lumaflip, hue, saturation), each with multiplier 1
+    pipeline: str = "bgc"
+    multipliers: dict[str, float] = field(default_factory=dict)  # per-op overrides, e.g. {lumaflip: 0}
+    warp: str = choice(AdaWarp, "lowpass")
+    xint_max: float = 0.125  # integer translation: U(-1, 1) * xint_max * size, rounded
+    scale_std: float = 0.2  # isotropic scale 2^N(0, scale_std)
+    rotate_max: float = 1.0  # rotations U(-1, 1) * pi * rotate_max (1: any angle)
+    aniso_std: float = 0.2  # anisotropic scale 2^N(0, aniso_std) in x, its inverse in y
+    xfrac_std: float = 0.125  # fractional translation N(0, xfrac_std) * size
+    brightness_std: float = 0.2  # + N(0, brightness_std) on [-1, 1] values
+    contrast_std: float = 0.5  # x 2^N(0, contrast_std)
+    hue_max: float = 1.0  # hue rotation U(-1, 1) * pi * hue_max about the luma axis
+    saturation_std: float = 1.0  # chroma x 2^N(0, saturation_std)
