@@ -1,6 +1,7 @@
-"""StyleGAN2-style generator and discriminator in plain PyTorch (no custom CUDA ops, no FIR filters).
+"""StyleGAN2-style generator and discriminator in plain PyTorch (no custom CUDA ops).
 
-Written from the design in Karras et al., "Analyzing and Improving the Image Quality of StyleGAN" (CVPR 2020):
+Written from the design in Karras et al., "Analyzing and Improving the Image Quality of StyleGAN" (CVPR 2020), and
+matched to NVlabs' stylegan2-ada-pytorch `training/networks.py` where a switch says so:
 
 * Generator: a mapping network (pixel-norm on z, equalized-lr linear layers with a learning-rate multiplier,
   leaky ReLU 0.2) produces w; a running average ``w_avg`` enables the truncation trick. The synthesis network
@@ -11,9 +12,17 @@ Written from the design in Karras et al., "Analyzing and Improving the Image Qua
   1/sqrt(2)), a minibatch standard-deviation layer, then a conv and two linear layers down to one logit.
 * Equalized learning rate everywhere: parameters are stored N(0, 1) and scaled by He's constant at runtime.
 
-Simplifications w.r.t. the official implementation (deliberate, to stay plain PyTorch and fast on CPU):
-bilinear up- / average-pool downsampling instead of the [1, 3, 3, 1] FIR filters, one w for all layers (no
-style-mixing regularisation inside the network), no fp16 activation clamping (bf16 has fp32's range).
+Switches (defaults: NVlabs'; `experiment=mnist_stylegan2` keeps the cheaper first choices):
+* G ``upsampling``: "fir" (the modulated weight as a stride-2 transposed conv, then the [1, 3, 3, 1] blur; the skip
+  image FIR-upsampled with gain 4) or "bilinear" (bilinear 2x, then the conv: 4x that conv's FLOPs).
+* D ``downsampling``: "fir" (blur, then a stride-2 conv; the residual skip blurred-downsampled, then 1x1) or
+  "avg_pool". The FIR filters (`fir.py`) keep R1's double backward dense.
+* ``num_fp16_res`` / ``conv_clamp``: under fp16 autocast (`16-mixed`) only the N highest resolutions run in fp16, the
+  rest, the mapping network and D's epilogue in fp32, and conv outputs are clamped to +-conv_clamp (NVlabs: 4, 256);
+  None / None leaves the whole network under the run's autocast, unclamped. bf16 and fp32 runs are unaffected.
+
+Differences left: modulation is applied to activations, not to per-sample weights (see ModulatedConv2d; NVlabs
+trains with this same non-fused path), and no custom CUDA kernels (upfirdn2d, bias_act, fma) are used.
 """
 
 from __future__ import annotations
