@@ -20,6 +20,7 @@ from pixelsmith.callbacks.evaluation import build_gan_metric, generate_into
 from pixelsmith.core.module import CoreSettings
 from pixelsmith.errors import PixelsmithError
 from pixelsmith.hardware import apply_plan
+from pixelsmith.resume import with_legacy_network_settings
 from pixelsmith.train import _check_resume_path
 
 log = logging.getLogger(__name__)
@@ -38,7 +39,8 @@ def load_checkpoint(path: str) -> dict[str, Any]:
 def evaluate(cfg: DictConfig) -> dict[str, float]:
     ckpt_path = _check_resume_path(cfg.ckpt_path)
     checkpoint = load_checkpoint(ckpt_path)
-    stored = OmegaConf.create(checkpoint["pixelsmith_config"])
+    # A checkpoint from before a network setting existed is rebuilt as the network it was trained as.
+    stored = OmegaConf.create(with_legacy_network_settings(checkpoint["pixelsmith_config"]))
     target = str(stored.model.get("_target_", ""))
     if target.startswith("pixelsmith.style."):
         raise PixelsmithError(

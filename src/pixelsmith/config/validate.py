@@ -162,6 +162,25 @@ RULES: list[Rule] = [
     ),
     Rule("model.objective.regularizers.path_length.interval", _positive_int, "must be at least 1", "4"),
     Rule("model.sample_grid_size", _positive_int, "must be at least 1", "64"),
+    *(
+        rule
+        for net in ("generator", "discriminator")
+        for rule in (
+            Rule(
+                f"model.{net}.num_fp16_res",
+                _optional(lambda v: _non_negative(v) and isinstance(v, int)),
+                "must be >= 0 (the number of highest resolutions run in fp16 under 16-mixed, 0 = none), or null "
+                "(the whole network under the run's autocast)",
+                "4",
+            ),
+            Rule(
+                f"model.{net}.conv_clamp",
+                _optional(_positive),
+                "must be > 0 (conv outputs clamped to +-this; NVlabs uses 256 with fp16), or null (no clamp)",
+                "256",
+            ),
+        )
+    ),
     Rule("model.ema.half_life_kimg", _positive, "must be > 0", "10.0"),
     Rule(
         "model.ema.rampup",

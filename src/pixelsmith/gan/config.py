@@ -14,6 +14,16 @@ from pixelsmith.choices import choice
 from pixelsmith.core.config import EMAConfig, OptimizerConfig
 
 
+class StyleGAN2Upsampling(StrEnum):
+    FIR = "fir"  # NVlabs: stride-2 transposed conv, then the [1, 3, 3, 1] blur; FIR-upsampled skip image
+    BILINEAR = "bilinear"  # bilinear 2x, then the conv (4x that conv's FLOPs); bilinear skip image
+
+
+class StyleGAN2Downsampling(StrEnum):
+    FIR = "fir"  # NVlabs: [1, 3, 3, 1] blur, then a stride-2 conv; the skip path blurred, then 1x1
+    AVG_POOL = "avg_pool"  # 2x2 average pool, then the conv (more aliasing)
+
+
 class DCGANNorm(StrEnum):
     BATCH = "batch"
     INSTANCE = "instance"
@@ -88,6 +98,10 @@ class StyleGAN2GeneratorConfig:
     mapping_lr_multiplier: float = 0.01
     use_noise: bool = True
     gradient_checkpointing: bool = False
+    upsampling: str = choice(StyleGAN2Upsampling, "fir")
+    # Under 16-mixed only the N highest resolutions in fp16 (mapping and the rest fp32); null: all under autocast.
+    num_fp16_res: int | None = 4
+    conv_clamp: float | None = 256.0  # clamp conv outputs to +-this (fp16 overflow guard); null: no clamp
 
 
 @dataclass
@@ -101,6 +115,10 @@ class StyleGAN2DiscriminatorConfig:
     channel_max: int = 256
     mbstd_group_size: int = 4
     gradient_checkpointing: bool = False
+    downsampling: str = choice(StyleGAN2Downsampling, "fir")
+    # Under 16-mixed only the N highest resolutions in fp16 (the rest and the epilogue fp32); null: all under autocast.
+    num_fp16_res: int | None = 4
+    conv_clamp: float | None = 256.0  # clamp conv outputs to +-this (fp16 overflow guard); null: no clamp
 
 
 @dataclass

@@ -1,6 +1,7 @@
-"""StyleGAN2-style generator and discriminator in plain PyTorch (no custom CUDA ops, no FIR filters).
+"""StyleGAN2-style generator and discriminator in plain PyTorch (no custom CUDA ops).
 
-Written from the design in Karras et al., "Analyzing and Improving the Image Quality of StyleGAN" (CVPR 2020):
+Written from the design in Karras et al., "Analyzing and Improving the Image Quality of StyleGAN" (CVPR 2020), and
+matched to NVlabs' stylegan2-ada-pytorch `training/networks.py` where a switch says so:
 
 * Generator: a mapping network (pixel-norm on z, equalized-lr linear layers with a learning-rate multiplier,
   leaky ReLU 0.2) produces w; a running average ``w_avg`` enables the truncation trick. The synthesis network
@@ -11,19 +12,30 @@ Written from the design in Karras et al., "Analyzing and Improving the Image Qua
   1/sqrt(2)), a minibatch standard-deviation layer, then a conv and two linear layers down to one logit.
 * Equalized learning rate everywhere: parameters are stored N(0, 1) and scaled by He's constant at runtime.
 
-Simplifications w.r.t. the official implementation (deliberate, to stay plain PyTorch and fast on CPU):
-bilinear up- / average-pool downsampling instead of the [1, 3, 3, 1] FIR filters, one w for all layers (no
-style-mixing regularisation inside the network), no fp16 activation clamping (bf16 has fp32's range).
+Switches (defaults: NVlabs'; `experiment=mnist_stylegan2` keeps the cheaper first choices):
+* G ``upsampling``: "fir" (the modulated weight as a stride-2 transposed conv, then the [1, 3, 3, 1] blur; the skip
+  image FIR-upsampled with gain 4) or "bilinear" (bilinear 2x, then the conv: 4x that conv's FLOPs).
+* D ``downsampling``: "fir" (blur, then a stride-2 conv; the residual skip blurred-downsampled, then 1x1) or
+  "avg_pool". The FIR filters (`fir.py`) keep R1's double backward dense.
+* ``num_fp16_res`` / ``conv_clamp``: under fp16 autocast (`16-mixed`) only the N highest resolutions run in fp16, the
+  rest, the mapping network and D's epilogue in fp32, and conv outputs are clamped to +-conv_clamp (NVlabs: 4, 256);
+  None / None leaves the whole network under the run's autocast, unclamped. bf16 and fp32 runs are unaffected.
+
+Differences left: modulation is applied to activations, not to per-sample weights (see ModulatedConv2d; NVlabs
+trains with this same non-fused path), and no custom CUDA kernels (upfirdn2d, bias_act, fma) are used.
 """
 
 from __future__ import annotations
 
+import functools
 import math
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
+
+from pixelsmith.gan.networks.fir import fir_downsample_2x, fir_filter, fir_kernel_2d, fir_upsample_2x
 
 LEAKY_RELU_SLOPE = 0.2
 # Keeps the activation variance of a leaky ReLU layer close to that of its input (He et al. gain for ReLU).
@@ -32,6 +44,12 @@ LEAKY_RELU_GAIN = math.sqrt(2.0)
 RESIDUAL_GAIN = math.sqrt(0.5)
 W_AVG_BETA = 0.995
 EPSILON = 1e-8
+# Resampling: NVlabs' FIR ([1, 3, 3, 1] filter; G: transposed conv then blur; D: blur then strided conv) or this
+# template's first, cheaper choice (G: bilinear then conv; D: 2x2 average pool then conv).
+UPSAMPLING = ("fir", "bilinear")
+DOWNSAMPLING = ("fir", "avg_pool")
+# NVlabs never runs the 4x4 block in fp16 (`SynthesisNetwork`: fp16_resolution = max(..., 8)).
+LOWEST_FP16_RESOLUTION = 8
 
 
 def channels_at_resolution(resolution: int, channel_base: int, channel_max: int) -> int:
@@ -62,6 +80,59 @@ def _at_least_fp32(x: Tensor) -> Tensor:
 
 def _upsample_2x(x: Tensor) -> Tensor:
     return F.interpolate(x, scale_factor=2.0, mode="bilinear", align_corners=False)
+
+
+def _check_choice(name: str, value: str, allowed: tuple[str, ...]) -> None:
+    if value not in allowed:
+        raise ValueError(f"{name}={value!r}: choose one of {', '.join(allowed)}")
+
+
+def _check_precision(num_fp16_res: int | None, conv_clamp: float | None) -> None:
+    if num_fp16_res is not None and (isinstance(num_fp16_res, bool) or num_fp16_res < 0):
+        raise ValueError(
+            f"num_fp16_res must be >= 0 or None (the whole network under autocast), got {num_fp16_res}"
+        )
+    if conv_clamp is not None and not conv_clamp > 0:
+        raise ValueError(f"conv_clamp must be > 0 or None (no clamping), got {conv_clamp}")
+
+
+def _fp16_resolution(resolution: int, num_fp16_res: int | None) -> int | None:
+    """The lowest resolution whose block runs in fp16 under fp16 autocast (NVlabs `SynthesisNetwork`: the
+    `num_fp16_res` highest resolutions, never 4x4); None: no routing, the run's autocast covers everything."""
+    if num_fp16_res is None:
+        return None
+    return max(2 ** (int(math.log2(resolution)) + 1 - num_fp16_res), LOWEST_FP16_RESOLUTION)
+
+
+def _fp16_autocast_active(device_type: str) -> bool:
+    return torch.is_autocast_enabled(device_type) and torch.get_autocast_dtype(device_type) == torch.float16
+
+
+def _fp32_under_fp16_autocast(flag: str):
+    """Decorate a forward to run in fp32 when fp16 autocast (`16-mixed`) is on and ``getattr(self, flag)`` is true:
+    autocast off, floating-point tensor arguments upcast. NVlabs keeps the mapping network, the low-resolution
+    blocks and D's epilogue in fp32 (`use_fp16` per block); bf16 autocast and fp32 runs are left as they are
+    (bf16 has fp32's range, so nothing overflows there)."""
+
+    def decorate(forward):
+        @functools.wraps(forward)
+        def routed(self, *args, **kwargs):
+            device = next(a for a in (*args, *kwargs.values()) if isinstance(a, Tensor)).device.type
+            if not (getattr(self, flag) and _fp16_autocast_active(device)):
+                return forward(self, *args, **kwargs)
+            args = tuple(_at_least_fp32(a) if isinstance(a, Tensor) else a for a in args)
+            kwargs = {k: _at_least_fp32(a) if isinstance(a, Tensor) else a for k, a in kwargs.items()}
+            with torch.autocast(device_type=device, enabled=False):
+                return forward(self, *args, **kwargs)
+
+        return routed
+
+    return decorate
+
+
+def _clamp(x: Tensor, conv_clamp: float | None) -> Tensor:
+    # NVlabs' conv_clamp (256 in their configs, with fp16): keeps fp16 activations far from its 65504 limit.
+    return x if conv_clamp is None else x.clamp(-conv_clamp, conv_clamp)
 
 
 def _maybe_checkpoint(enabled: bool, block: nn.Module, *args: Tensor | None):
@@ -106,10 +177,12 @@ class EqualizedLinear(nn.Module):
 
 
 class EqualizedConv2d(nn.Module):
-    """Conv layer with equalized learning rate; optional 2x average-pool downsampling before the conv.
+    """Conv layer with equalized learning rate, optional 2x downsampling and output clamp (``conv_clamp``).
 
-    Pooling first and convolving at the lower resolution costs a quarter of the FLOPs of convolving first,
-    and for the 1x1 skip convolution the two orders are exactly equal.
+    ``downsample``: None; "fir" as NVlabs' `Conv2dLayer(down=2)` (`conv2d_resample`): a 3x3 conv blurs with the
+    [1, 3, 3, 1] filter (padding 2) and convolves at stride 2, a 1x1 conv FIR-downsamples then convolves; or
+    "avg_pool": 2x2 average pool, then the conv at the lower resolution. Both convolve at the lower resolution, a
+    quarter of the FLOPs of convolving first; the blur is a depthwise filter on top.
     """
 
     def __init__(
@@ -119,20 +192,35 @@ class EqualizedConv2d(nn.Module):
         kernel_size: int,
         bias: bool = True,
         activation: bool = False,
-        downsample: bool = False,
+        downsample: str | None = None,
+        conv_clamp: float | None = None,
     ):
         super().__init__()
+        if downsample is not None:
+            _check_choice("downsampling", downsample, DOWNSAMPLING)
         self.weight = nn.Parameter(torch.randn(out_channels, in_channels, kernel_size, kernel_size))
         self.bias = nn.Parameter(torch.zeros(out_channels)) if bias else None
         self.weight_gain = 1.0 / math.sqrt(in_channels * kernel_size * kernel_size)
         self.activation = activation
         self.downsample = downsample
+        self.conv_clamp = conv_clamp
+        if downsample == "fir":  # not persistent: a constant, and checkpoints keep the keys they always had
+            self.register_buffer("resample_filter", fir_kernel_2d(), persistent=False)
 
     def forward(self, x: Tensor) -> Tensor:
-        if self.downsample:
-            x = F.avg_pool2d(x, 2)
-        x = F.conv2d(x, self.weight * self.weight_gain, self.bias, padding=self.weight.shape[-1] // 2)
-        return _leaky_relu_with_gain(x) if self.activation else x
+        weight = self.weight * self.weight_gain
+        kernel_size = self.weight.shape[-1]
+        if self.downsample == "fir" and kernel_size > 1:
+            # NVlabs pads by 2 = (filter 4 - down 2 + 1) // 2 + conv padding 1, then a stride-2 valid conv.
+            x = fir_filter(x, self.resample_filter, padding=2)
+            x = F.conv2d(x, weight, self.bias, stride=2)
+        else:
+            if self.downsample == "fir":
+                x = fir_downsample_2x(x, self.resample_filter)
+            elif self.downsample == "avg_pool":
+                x = F.avg_pool2d(x, 2)
+            x = F.conv2d(x, weight, self.bias, padding=kernel_size // 2)
+        return _clamp(_leaky_relu_with_gain(x) if self.activation else x, self.conv_clamp)
 
 
 class ModulatedConv2d(nn.Module):
@@ -148,6 +236,11 @@ class ModulatedConv2d(nn.Module):
     [N, O, I, k, k] weight tensor (19M floats for 256->256, batch 32), which dominates at low resolution, and
     oneDNN runs grouped convs with many groups no faster than the plain conv. The official StyleGAN2 code uses
     this same non-fused path for training.
+
+    ``upsample``: None; "fir" as NVlabs' `modulated_conv2d(up=2)` -> `conv2d_resample`: the weight applied as a
+    stride-2 transposed conv (a true convolution of the zero-upsampled input: NVlabs passes flip_weight=False for
+    up=2), then the [1, 3, 3, 1] blur with gain 4 (padding 1); the conv runs at the input resolution, a quarter of the
+    FLOPs of "bilinear": bilinear 2x upsampling, then the conv at the output resolution.
     """
 
     def __init__(
@@ -157,25 +250,43 @@ class ModulatedConv2d(nn.Module):
         kernel_size: int,
         w_dim: int,
         demodulate: bool = True,
-        upsample: bool = False,
+        upsample: str | None = None,
     ):
         super().__init__()
+        if upsample is not None:
+            _check_choice("upsampling", upsample, UPSAMPLING)
         # Styles start at 1 (bias_init=1) so that modulation is initially close to the identity.
         self.affine = EqualizedLinear(w_dim, in_channels, bias_init=1.0)
         self.weight = nn.Parameter(torch.randn(out_channels, in_channels, kernel_size, kernel_size))
         self.weight_gain = 1.0 / math.sqrt(in_channels * kernel_size * kernel_size)
         self.demodulate = demodulate
         self.upsample = upsample
+        if upsample == "fir":  # not persistent: a constant, and checkpoints keep the keys they always had
+            self.register_buffer("resample_filter", fir_kernel_2d(), persistent=False)
 
     def forward(self, x: Tensor, w: Tensor) -> Tensor:
-        styles = self.affine(w)
         weight = self.weight * self.weight_gain
-        # Modulating before upsampling is exact (per-channel scaling commutes with bilinear interpolation)
-        # and touches 4x fewer elements.
+        if x.dtype == torch.float16 or _fp16_autocast_active(x.device.type):
+            # As NVlabs under fp16: the styles in fp32 and, where demodulation cancels any per-sample scale of them,
+            # divided by their largest magnitude (their pre-normalisation), so that x * styles stays in fp16's range.
+            with torch.autocast(device_type=x.device.type, enabled=False):
+                styles = self.affine(_at_least_fp32(w))
+            if self.demodulate:
+                styles = styles / styles.abs().amax(dim=1, keepdim=True)
+        else:
+            styles = self.affine(w)
+        # Modulating before upsampling is exact (per-channel scaling commutes with the upsampling and the conv's
+        # sum over input channels) and touches 4x fewer elements.
         x = x * styles.to(x.dtype)[:, :, None, None]
-        if self.upsample:
-            x = _upsample_2x(x)
-        x = F.conv2d(x, weight, padding=self.weight.shape[-1] // 2)
+        if self.upsample == "fir":
+            # conv_transpose2d takes [in, out, k, k]: the same parameter, transposed; output 2H + k - 2, which the
+            # 4-tap blur with padding 1 brings to 2H.
+            x = F.conv_transpose2d(x, weight.transpose(0, 1), stride=2)
+            x = fir_filter(x, self.resample_filter, padding=1, gain=4.0)
+        else:
+            if self.upsample == "bilinear":
+                x = _upsample_2x(x)
+            x = F.conv2d(x, weight, padding=self.weight.shape[-1] // 2)
         if self.demodulate:
             # In fp32 even under autocast: the sum of squares loses too many bits in bf16.
             with torch.autocast(device_type=x.device.type, enabled=False):
@@ -187,11 +298,20 @@ class ModulatedConv2d(nn.Module):
 
 
 class SynthesisLayer(nn.Module):
-    """Modulated 3x3 conv (optionally upsampling 2x), noise injection, bias, leaky ReLU with gain sqrt(2)."""
+    """Modulated 3x3 conv (optionally upsampling 2x), noise injection, bias, leaky ReLU with gain sqrt(2), clamp."""
 
-    def __init__(self, in_channels: int, out_channels: int, w_dim: int, upsample: bool, use_noise: bool):
+    def __init__(
+        self,
+        in_channels: int,
+        out_channels: int,
+        w_dim: int,
+        upsample: str | None,
+        use_noise: bool,
+        conv_clamp: float | None = None,
+    ):
         super().__init__()
         self.conv = ModulatedConv2d(in_channels, out_channels, 3, w_dim, demodulate=True, upsample=upsample)
+        self.conv_clamp = conv_clamp
         # Starts at zero so that noise is only used where training finds it helpful. Shape (1,), not a scalar: FSDP2
         # cannot shard a 0-d parameter (strategy=fsdp refused the whole generator).
         self.noise_strength = nn.Parameter(torch.zeros(1)) if use_noise else None
@@ -209,24 +329,30 @@ class SynthesisLayer(nn.Module):
             batch, _, height, width = x.shape
             noise = torch.randn(batch, 1, height, width, device=x.device, dtype=x.dtype)
             x = x + noise * self.noise_strength.to(x.dtype)
-        return _leaky_relu_with_gain(x + self.bias.to(x.dtype)[None, :, None, None])
+        return _clamp(_leaky_relu_with_gain(x + self.bias.to(x.dtype)[None, :, None, None]), self.conv_clamp)
 
 
 class ToImage(nn.Module):
-    """toRGB: modulated 1x1 conv without demodulation (the output scale matters) plus bias, no activation."""
+    """toRGB: modulated 1x1 conv without demodulation (the output scale matters) plus bias, no activation, clamp."""
 
-    def __init__(self, in_channels: int, image_channels: int, w_dim: int):
+    def __init__(self, in_channels: int, image_channels: int, w_dim: int, conv_clamp: float | None = None):
         super().__init__()
         self.conv = ModulatedConv2d(in_channels, image_channels, 1, w_dim, demodulate=False)
         self.bias = nn.Parameter(torch.zeros(image_channels))
+        self.conv_clamp = conv_clamp
 
     def forward(self, x: Tensor, w: Tensor) -> Tensor:
         x = self.conv(x, w)
-        return x + self.bias.to(x.dtype)[None, :, None, None]
+        return _clamp(x + self.bias.to(x.dtype)[None, :, None, None], self.conv_clamp)
 
 
 class SynthesisBlock(nn.Module):
-    """One resolution of the synthesis network: (const | upsampling conv) -> conv -> toRGB, skip-summed image."""
+    """One resolution of the synthesis network: (const | upsampling conv) -> conv -> toRGB, skip-summed image.
+
+    ``upsampling`` "fir" upsamples both the features (transposed conv + blur) and the skip image (FIR, gain 4) as
+    NVlabs does; "bilinear" both bilinearly. ``in_fp32``: under fp16 autocast this block runs in fp32 (NVlabs'
+    use_fp16=False), see `_fp32_under_fp16_autocast`.
+    """
 
     def __init__(
         self,
@@ -236,23 +362,46 @@ class SynthesisBlock(nn.Module):
         image_channels: int,
         use_noise: bool,
         is_first: bool,
+        upsampling: str = "fir",
+        conv_clamp: float | None = None,
+        in_fp32: bool = False,
     ):
         super().__init__()
+        _check_choice("upsampling", upsampling, UPSAMPLING)
         if is_first:
             self.const = nn.Parameter(torch.randn(out_channels, 4, 4))
             self.conv0 = None
         else:
             self.const = None
-            self.conv0 = SynthesisLayer(in_channels, out_channels, w_dim, upsample=True, use_noise=use_noise)
-        self.conv1 = SynthesisLayer(out_channels, out_channels, w_dim, upsample=False, use_noise=use_noise)
-        self.to_image = ToImage(out_channels, image_channels, w_dim)
+            self.conv0 = SynthesisLayer(
+                in_channels,
+                out_channels,
+                w_dim,
+                upsample=upsampling,
+                use_noise=use_noise,
+                conv_clamp=conv_clamp,
+            )
+        self.conv1 = SynthesisLayer(
+            out_channels, out_channels, w_dim, upsample=None, use_noise=use_noise, conv_clamp=conv_clamp
+        )
+        self.to_image = ToImage(out_channels, image_channels, w_dim, conv_clamp=conv_clamp)
+        self.upsampling = upsampling
+        self.in_fp32 = in_fp32
+        if upsampling == "fir" and not is_first:  # not persistent: a constant, checkpoints keep their keys
+            self.register_buffer("resample_filter", fir_kernel_2d(), persistent=False)
 
+    def _upsample_image(self, image: Tensor) -> Tensor:
+        return (
+            fir_upsample_2x(image, self.resample_filter) if self.upsampling == "fir" else _upsample_2x(image)
+        )
+
+    @_fp32_under_fp16_autocast("in_fp32")
     def forward(self, x: Tensor | None, image: Tensor | None, w: Tensor) -> tuple[Tensor, Tensor]:
         x = self.conv0(x, w) if self.const is None else self.const[None].expand(w.shape[0], -1, -1, -1)
         x = self.conv1(x, w)
         # The image is accumulated in fp32 even under autocast: it is the sum of one term per resolution.
         y = _at_least_fp32(self.to_image(x, w))
-        image = y if image is None else _upsample_2x(image) + y
+        image = y if image is None else self._upsample_image(image) + y
         return x, image
 
 
@@ -272,6 +421,9 @@ class MappingNetwork(nn.Module):
         )
         self.register_buffer("w_avg", torch.zeros(w_dim))
 
+    in_fp32 = False  # under fp16 autocast (the generator sets it where num_fp16_res is given, as NVlabs)
+
+    @_fp32_under_fp16_autocast("in_fp32")
     def forward(self, z: Tensor, truncation_psi: float = 1.0) -> Tensor:
         z = _at_least_fp32(z)
         z = z * torch.rsqrt(z.square().mean(dim=1, keepdim=True) + EPSILON)
@@ -296,16 +448,30 @@ class SynthesisNetwork(nn.Module):
         channel_max: int,
         use_noise: bool,
         gradient_checkpointing: bool,
+        upsampling: str = "fir",
+        num_fp16_res: int | None = None,
+        conv_clamp: float | None = None,
     ):
         super().__init__()
         self.gradient_checkpointing = gradient_checkpointing
+        fp16_resolution = _fp16_resolution(resolution, num_fp16_res)
         blocks = []
         for log2_res in range(2, int(math.log2(resolution)) + 1):
             res = 2**log2_res
             in_channels = channels_at_resolution(res // 2, channel_base, channel_max) if res > 4 else 0
             out_channels = channels_at_resolution(res, channel_base, channel_max)
             blocks.append(
-                SynthesisBlock(in_channels, out_channels, w_dim, channels, use_noise, is_first=res == 4)
+                SynthesisBlock(
+                    in_channels,
+                    out_channels,
+                    w_dim,
+                    channels,
+                    use_noise,
+                    is_first=res == 4,
+                    upsampling=upsampling,
+                    conv_clamp=conv_clamp,
+                    in_fp32=fp16_resolution is not None and res < fp16_resolution,
+                )
             )
         self.blocks = nn.ModuleList(blocks)
 
@@ -335,17 +501,33 @@ class StyleGAN2Generator(nn.Module):
         mapping_lr_multiplier: float = 0.01,
         use_noise: bool = True,
         gradient_checkpointing: bool = False,
+        upsampling: str = "fir",
+        num_fp16_res: int | None = 4,
+        conv_clamp: float | None = 256.0,
     ):
         super().__init__()
         _check_architecture(resolution, channels, channel_base, channel_max)
+        _check_choice("upsampling", upsampling, UPSAMPLING)
+        _check_precision(num_fp16_res, conv_clamp)
         self.resolution = resolution
         self.channels = channels
         self.z_dim = z_dim
         self.w_dim = w_dim
         self.mapping = MappingNetwork(z_dim, w_dim, mapping_layers, mapping_lr_multiplier)
         self.synthesis = SynthesisNetwork(
-            resolution, channels, w_dim, channel_base, channel_max, use_noise, gradient_checkpointing
+            resolution,
+            channels,
+            w_dim,
+            channel_base,
+            channel_max,
+            use_noise,
+            gradient_checkpointing,
+            upsampling=upsampling,
+            num_fp16_res=num_fp16_res,
+            conv_clamp=conv_clamp,
         )
+        # NVlabs runs the mapping network in fp32 whatever the blocks do.
+        self.mapping.in_fp32 = num_fp16_res is not None
 
     def forward(
         self, z: Tensor, truncation_psi: float = 1.0, return_ws: bool = False
@@ -378,20 +560,45 @@ def minibatch_stddev(x: Tensor, group_size: int) -> Tensor:
 
 
 class DiscriminatorBlock(nn.Module):
-    """Residual block halving the resolution: (conv3x3 -> pool+conv3x3) + (pool+conv1x1), times 1/sqrt(2)."""
+    """Residual block halving the resolution: (conv3x3 -> down+conv3x3) + (down+conv1x1), times 1/sqrt(2).
 
-    def __init__(self, in_channels: int, out_channels: int):
+    ``downsampling``: "fir" (NVlabs: blur then stride-2 conv; the skip FIR-downsampled then 1x1) or "avg_pool".
+    Each branch is clamped before the sum (NVlabs clamps each at conv_clamp * sqrt(0.5) after scaling it by
+    sqrt(0.5): the same). ``in_fp32``: under fp16 autocast this block runs in fp32 (NVlabs' use_fp16=False).
+    """
+
+    def __init__(
+        self,
+        in_channels: int,
+        out_channels: int,
+        downsampling: str = "fir",
+        conv_clamp: float | None = None,
+        in_fp32: bool = False,
+    ):
         super().__init__()
-        self.conv0 = EqualizedConv2d(in_channels, in_channels, 3, activation=True)
-        self.conv1 = EqualizedConv2d(in_channels, out_channels, 3, activation=True, downsample=True)
-        self.skip = EqualizedConv2d(in_channels, out_channels, 1, bias=False, downsample=True)
+        _check_choice("downsampling", downsampling, DOWNSAMPLING)
+        self.conv0 = EqualizedConv2d(in_channels, in_channels, 3, activation=True, conv_clamp=conv_clamp)
+        self.conv1 = EqualizedConv2d(
+            in_channels, out_channels, 3, activation=True, downsample=downsampling, conv_clamp=conv_clamp
+        )
+        self.skip = EqualizedConv2d(
+            in_channels, out_channels, 1, bias=False, downsample=downsampling, conv_clamp=conv_clamp
+        )
+        self.in_fp32 = in_fp32
 
+    @_fp32_under_fp16_autocast("in_fp32")
     def forward(self, x: Tensor) -> Tensor:
         return (self.skip(x) + self.conv1(self.conv0(x))) * RESIDUAL_GAIN
 
 
 class StyleGAN2Discriminator(nn.Module):
-    """StyleGAN2 residual discriminator: ``D(images [N, channels, R, R]) -> logits [N]`` (fp32)."""
+    """StyleGAN2 residual discriminator: ``D(images [N, channels, R, R]) -> logits [N]`` (fp32).
+
+    ``downsampling``: "fir" (NVlabs) or "avg_pool" (this template's first, cheaper choice). ``num_fp16_res``: under
+    fp16 autocast (`16-mixed`) only the blocks at the N highest resolutions (and fromRGB with the first) run in fp16,
+    the rest and the epilogue in fp32, as NVlabs; None leaves the whole network under the run's autocast.
+    ``conv_clamp``: clamp every conv layer's output to +-conv_clamp (NVlabs: 256 with fp16), None: no clamp.
+    """
 
     def __init__(
         self,
@@ -401,9 +608,14 @@ class StyleGAN2Discriminator(nn.Module):
         channel_max: int = 256,
         mbstd_group_size: int = 4,
         gradient_checkpointing: bool = False,
+        downsampling: str = "fir",
+        num_fp16_res: int | None = 4,
+        conv_clamp: float | None = 256.0,
     ):
         super().__init__()
         _check_architecture(resolution, channels, channel_base, channel_max)
+        _check_choice("downsampling", downsampling, DOWNSAMPLING)
+        _check_precision(num_fp16_res, conv_clamp)
         if mbstd_group_size < 1:
             raise ValueError(f"mbstd_group_size must be >= 1, got {mbstd_group_size}")
         self.resolution = resolution
@@ -414,20 +626,41 @@ class StyleGAN2Discriminator(nn.Module):
         def ch(res: int) -> int:
             return channels_at_resolution(res, channel_base, channel_max)
 
-        self.from_image = EqualizedConv2d(channels, ch(resolution), 1, activation=True)
+        fp16_resolution = _fp16_resolution(resolution, num_fp16_res)
+
+        def in_fp32(res: int) -> bool:
+            return fp16_resolution is not None and res < fp16_resolution
+
+        self.from_image = EqualizedConv2d(channels, ch(resolution), 1, activation=True, conv_clamp=conv_clamp)
+        self.from_image_in_fp32 = in_fp32(resolution)
         self.blocks = nn.ModuleList(
-            DiscriminatorBlock(ch(2**log2_res), ch(2 ** (log2_res - 1)))
+            DiscriminatorBlock(
+                ch(2**log2_res),
+                ch(2 ** (log2_res - 1)),
+                downsampling=downsampling,
+                conv_clamp=conv_clamp,
+                in_fp32=in_fp32(2**log2_res),
+            )
             for log2_res in range(int(math.log2(resolution)), 2, -1)
         )
-        self.epilogue_conv = EqualizedConv2d(ch(4) + 1, ch(4), 3, activation=True)
+        self.epilogue_conv = EqualizedConv2d(ch(4) + 1, ch(4), 3, activation=True, conv_clamp=conv_clamp)
         self.epilogue_fc = EqualizedLinear(ch(4) * 4 * 4, ch(4), activation=True)
         self.out = EqualizedLinear(ch(4), 1)
+        self.epilogue_in_fp32 = num_fp16_res is not None
 
-    def forward(self, images: Tensor) -> Tensor:
-        x = self.from_image(images)
-        for block in self.blocks:
-            x = _maybe_checkpoint(self.gradient_checkpointing, block, x)
+    @_fp32_under_fp16_autocast("from_image_in_fp32")
+    def _from_image(self, images: Tensor) -> Tensor:
+        return self.from_image(images)
+
+    @_fp32_under_fp16_autocast("epilogue_in_fp32")
+    def _epilogue(self, x: Tensor) -> Tensor:
         x = minibatch_stddev(x, self.mbstd_group_size)
         x = self.epilogue_conv(x)
         x = self.epilogue_fc(x.flatten(1))
-        return _at_least_fp32(self.out(x).squeeze(1))
+        return self.out(x).squeeze(1)
+
+    def forward(self, images: Tensor) -> Tensor:
+        x = self._from_image(images)
+        for block in self.blocks:
+            x = _maybe_checkpoint(self.gradient_checkpointing, block, x)
+        return _at_least_fp32(self._epilogue(x))

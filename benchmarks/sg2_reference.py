@@ -1,0 +1,220 @@
+"""StyleGAN2 side by side with NVlabs' own networks: images/s and FLOPs of each training phase (Gmain, Dmain, R1).
+
+    git clone https://github.com/NVlabs/stylegan2-ada-pytorch /tmp/nvlabs     # their code, never vendored into ours
+    python -m benchmarks.sg2_reference --nvlabs-path /tmp/nvlabs                # 32 px, fp32, batch 16, our default widths
+    python -m benchmarks.sg2_reference --repeats 9 --resolution 64 --channel-base 8192
+    python -m benchmarks.sg2_reference                                          # without a checkout: ours only
+
+Both sides get identical widths (z = w, mapping layers, channel_base / channel_max, RGB at `--resolution`) and the
+same phase code, written as NVlabs' `training/loss.py` `StyleGAN2Loss.accumulate_gradients` runs it with style mixing
+and path length off and no augmentation:
+- Gmain: D frozen (requires_grad off), softplus(-D(G(z))).mean() backward through D into G;
+- Dmain: G frozen, softplus(D(G(z))) + softplus(-D(x)) backward into D;
+- R1 (Dreg): dD(x)/dx with create_graph, gamma / 2 * ||.||^2 backward into D (the double backward).
+Optimizer steps are left out (the same Adam for both). NVlabs' networks run in fp32 with num_fp16_res=0 and no clamp (their
+fp32 config); on CPU their custom CUDA ops fall back to their reference implementations (upfirdn2d as a grouped
+conv, bias_act in plain PyTorch). Our networks run as `model=stylegan2` builds them (NVlabs' FIR resampling; its
+fp16 routing does nothing in fp32) and, as a third column, with this template's first, cheaper resampling
+(bilinear / avg_pool).
+
+Each repeat times every phase of every network once, in turn (so load drift on a shared machine spreads evenly),
+after `--warmup` untimed rounds; the table prints medians over repeats (images/s = batch / seconds) and min-max, the
+ratios ours / NVlabs' per phase, and the FLOPs each phase counts (`pixelsmith.perf.flops.count_flops`). FLOPs
+per step are exact; timings on a shared CPU are not: run it under `nice -n 19` on an idle machine and say so.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import statistics
+import sys
+import time
+import types
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from pixelsmith.gan.networks.stylegan2 import StyleGAN2Discriminator, StyleGAN2Generator
+from pixelsmith.perf.flops import count_flops
+
+PHASES = ("Gmain", "Dmain", "R1")
+
+
+@dataclass
+class Pair:
+    """One G and D and how to call them: `generate(z)` -> images, `discriminate(images)` -> logits [N]."""
+
+    name: str
+    generator: torch.nn.Module
+    discriminator: torch.nn.Module
+    generate: Callable[[torch.Tensor], torch.Tensor]
+    discriminate: Callable[[torch.Tensor], torch.Tensor]
+
+
+def our_pair(args, name: str, upsampling: str, downsampling: str) -> Pair:
+    generator = StyleGAN2Generator(
+        resolution=args.resolution,
+        channels=3,
+        z_dim=args.z_dim,
+        w_dim=args.z_dim,
+        mapping_layers=args.mapping_layers,
+        channel_base=args.channel_base,
+        channel_max=args.channel_max,
+        upsampling=upsampling,
+    )
+    discriminator = StyleGAN2Discriminator(
+        resolution=args.resolution,
+        channels=3,
+        channel_base=args.channel_base,
+        channel_max=args.channel_max,
+        mbstd_group_size=4,
+        downsampling=downsampling,
+    )
+    return Pair(name, generator, discriminator, generator, discriminator)
+
+
+def nvlabs_pair(args) -> Pair:
+    """NVlabs' Generator and resnet Discriminator from a checkout of stylegan2-ada-pytorch (imported, not copied)."""
+    path = Path(args.nvlabs_path).resolve()
+    if not (path / "training" / "networks.py").is_file():
+        raise SystemExit(
+            f"--nvlabs-path {path} has no training/networks.py: give a checkout of "
+            "https://github.com/NVlabs/stylegan2-ada-pytorch"
+        )
+    sys.path.insert(0, str(path))
+    try:
+        import requests  # noqa: F401
+    except ImportError:  # dnnlib.util imports it for URL downloads, which building the networks never does
+        sys.modules["requests"] = types.ModuleType("requests")
+    networks = importlib.import_module("training.networks")
+    generator = networks.Generator(
+        z_dim=args.z_dim,
+        c_dim=0,
+        w_dim=args.z_dim,
+        img_resolution=args.resolution,
+        img_channels=3,
+        mapping_kwargs={"num_layers": args.mapping_layers},
+        synthesis_kwargs={
+            "channel_base": args.channel_base,
+            "channel_max": args.channel_max,
+            "num_fp16_res": 0,
+            "conv_clamp": None,
+        },
+    )
+    discriminator = networks.Discriminator(
+        c_dim=0,
+        img_resolution=args.resolution,
+        img_channels=3,
+        architecture="resnet",
+        channel_base=args.channel_base,
+        channel_max=args.channel_max,
+        num_fp16_res=0,
+        conv_clamp=None,
+        epilogue_kwargs={"mbstd_group_size": 4},
+    )
+    return Pair(
+        "NVlabs",
+        generator,
+        discriminator,
+        lambda z: generator(z, None),
+        lambda images: discriminator(images, None).squeeze(1),
+    )
+
+
+def phase_step(pair: Pair, phase: str, z: torch.Tensor, real: torch.Tensor, r1_gamma: float = 1.0) -> None:
+    generator, discriminator = pair.generator, pair.discriminator
+    generator.requires_grad_(phase == "Gmain")
+    discriminator.requires_grad_(phase != "Gmain")
+    if phase == "Gmain":
+        F.softplus(-pair.discriminate(pair.generate(z))).mean().backward()
+    elif phase == "Dmain":
+        fake_logits = pair.discriminate(pair.generate(z))
+        real_logits = pair.discriminate(real)
+        (F.softplus(fake_logits) + F.softplus(-real_logits)).mean().backward()
+    else:
+        real = real.detach().requires_grad_(True)
+        logits = pair.discriminate(real)
+        (gradient,) = torch.autograd.grad(logits.sum(), real, create_graph=True)
+        penalty = gradient.square().sum(dim=(1, 2, 3))
+        (logits * 0 + penalty * (r1_gamma / 2)).mean().backward()
+    generator.zero_grad(set_to_none=True)
+    discriminator.zero_grad(set_to_none=True)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--nvlabs-path", default=None, help="a checkout of NVlabs/stylegan2-ada-pytorch")
+    parser.add_argument("--resolution", type=int, default=32)
+    parser.add_argument("--batch-size", type=int, default=16)
+    parser.add_argument("--z-dim", type=int, default=128, help="z and w size (model=stylegan2: 128)")
+    parser.add_argument("--mapping-layers", type=int, default=4)
+    parser.add_argument("--channel-base", type=int, default=4096)
+    parser.add_argument("--channel-max", type=int, default=256)
+    parser.add_argument("--repeats", type=int, default=7)
+    parser.add_argument("--warmup", type=int, default=2)
+    parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
+    parser.add_argument("--no-legacy", action="store_true", help="leave out the bilinear / avg_pool column")
+    args = parser.parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+
+    torch.manual_seed(0)
+    pairs = [our_pair(args, "ours (fir)", "fir", "fir")]
+    if not args.no_legacy:
+        pairs.append(our_pair(args, "ours (bilinear/avg_pool)", "bilinear", "avg_pool"))
+    if args.nvlabs_path:
+        pairs.append(nvlabs_pair(args))
+    z = torch.randn(args.batch_size, args.z_dim)
+    real = torch.randn(args.batch_size, 3, args.resolution, args.resolution)
+
+    flops = {
+        (pair.name, phase): count_flops(lambda p=pair, ph=phase: phase_step(p, ph, z, real))
+        for pair in pairs
+        for phase in PHASES
+    }
+    seconds: dict[tuple[str, str], list[float]] = {key: [] for key in flops}
+    for repeat in range(args.warmup + args.repeats):
+        for phase in PHASES:
+            for pair in pairs if repeat % 2 == 0 else reversed(pairs):
+                start = time.perf_counter()
+                phase_step(pair, phase, z, real)
+                if repeat >= args.warmup:
+                    seconds[(pair.name, phase)].append(time.perf_counter() - start)
+
+    print(
+        f"StyleGAN2 {args.resolution} px RGB, batch {args.batch_size}, fp32, z=w={args.z_dim}, "
+        f"{args.mapping_layers} mapping layers, channel_base {args.channel_base}, channel_max {args.channel_max}; "
+        f"torch {torch.__version__}, {torch.get_num_threads()} threads; medians of {args.repeats} repeats "
+        "(min-max), images/s"
+    )
+    header = f"{'phase':<7}" + "".join(f"{pair.name:>34}" for pair in pairs)
+    reference = "NVlabs" if args.nvlabs_path else None
+    if reference:
+        header += "".join(f"{pair.name + ' / NVlabs':>38}" for pair in pairs if pair.name != reference)
+    print(header)
+    for phase in PHASES:
+        row = f"{phase:<7}"
+        rates = {}
+        for pair in pairs:
+            times = seconds[(pair.name, phase)]
+            rates[pair.name] = args.batch_size / statistics.median(times)
+            low, high = args.batch_size / max(times), args.batch_size / min(times)
+            row += f"{rates[pair.name]:>16.1f} ({low:6.1f}-{high:6.1f})  "
+        if reference:
+            row += "".join(
+                f"{rates[p.name] / rates[reference]:>37.2f}x" for p in pairs if p.name != reference
+            )
+        print(row)
+    print("\nGFLOPs per phase step (FlopCounterMode: convolutions, matmuls)")
+    print(f"{'phase':<7}" + "".join(f"{pair.name:>34}" for pair in pairs))
+    for phase in PHASES:
+        print(f"{phase:<7}" + "".join(f"{flops[(pair.name, phase)] / 1e9:>34.3f}" for pair in pairs))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
