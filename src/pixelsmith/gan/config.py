@@ -88,6 +88,9 @@ class StyleGAN2GeneratorConfig:
     mapping_lr_multiplier: float = 0.01
     use_noise: bool = True
     gradient_checkpointing: bool = False
+    # NVlabs' style-mixing regularisation (StyleGAN2Loss.style_mixing_prob, 0.9; 0 in their cifar config)
+    style_mixing_prob: float = 0.0
+    c_dim: int = 0  # > 0: a class-conditional mapping network (one-hot labels [N, c_dim] as G's second input)
 
 
 @dataclass
