@@ -198,7 +198,9 @@ class ImageFolderDataModule(ImageDataModule):
             raise DataFolderError(
                 f"None of the {len(files)} images in data.root={self.root!r} can be read (see the warnings above)."
             )
-        self.train_set = ImageFolderDataset(readable, self.resolution, self.channels, self.on_corrupt)
+        self.train_set = self.with_mirror(
+            ImageFolderDataset(readable, self.resolution, self.channels, self.on_corrupt)
+        )
 
     @property
     def skipped_file_count(self) -> int:
@@ -207,8 +209,9 @@ class ImageFolderDataModule(ImageDataModule):
 
     def reference_source(self, seed: int = 0, batch_size: int = 64):
         """(fingerprint, protocol, batch factory, image count) of the real images for FID reference statistics,
-        decoded exactly as for training, in a seeded order so any prefix is a random subset."""
-        dataset = self.train_set
+        decoded exactly as for training, in a seeded order so any prefix is a random subset. The folder's own images
+        (data.mirror's flipped copies are an augmentation of them, not more of the distribution to match)."""
+        dataset = getattr(self.train_set, "source", self.train_set)
         fingerprint = (
             f"{fingerprint_image_folder(self.root, tuple('.' + e for e in self.extensions))}:seed={seed}"
         )

@@ -100,6 +100,10 @@ class MNISTDataModule(ImageDataModule):
             images = images[: self.limit]
         if self.channels == 3:
             images = images.repeat(1, 3, 1, 1)
+        if (
+            self.mirror
+        ):  # NVlabs' --mirror: the x-flipped copies after the originals, held as one tensor (on_device)
+            images = torch.cat([images, images.flip(-1)])
         self.train_set = TensorImageDataset(images)
 
     def reference_source(self, seed: int = 0):
