@@ -29,6 +29,7 @@ from pathlib import Path
 
 from omegaconf import OmegaConf
 
+from pixelsmith.config.stylegan2_auto import register_stylegan2_resolvers
 from pixelsmith.launch import register_launch_resolvers
 
 PACKAGE_DIR = Path(__file__).resolve().parent
@@ -83,6 +84,7 @@ def register_resolvers() -> None:
     if not OmegaConf.has_resolver("pixelsmith.data_dir"):
         OmegaConf.register_new_resolver("pixelsmith.data_dir", lambda: str(DATA_DIR))
     register_launch_resolvers()  # the run dir's stamp, per-rank log file and .hydra
+    register_stylegan2_resolvers()  # NVlabs' 'auto' heuristics and kimg -> iterations (experiment=stylegan2_*)
 
 
 register_resolvers()
