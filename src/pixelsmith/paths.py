@@ -29,8 +29,8 @@ from pathlib import Path
 
 from omegaconf import OmegaConf
 
-from pixelsmith.config.stylegan2_auto import register_stylegan2_resolvers
 from pixelsmith.launch import register_launch_resolvers
+from pixelsmith.stylegan2_auto import register_stylegan2_resolvers
 
 PACKAGE_DIR = Path(__file__).resolve().parent
 _CHECKOUT = PACKAGE_DIR.parents[1]  # the clone's root if this is <clone>/src/pixelsmith

@@ -6,7 +6,8 @@ images as this template's iterations.
     ${pixelsmith.stylegan2_auto:gamma,${data.resolution},${hardware.devices},${hardware.num_nodes}}
     ${pixelsmith.kimg_to_steps:25000,${data.batch_size},${accumulate}}
 
-Registered with the other resolvers (`pixelsmith.paths.register_resolvers`). Pure Python: it runs at composition.
+Registered with the other resolvers (`pixelsmith.paths.register_resolvers`). Pure Python without Pixelsmith imports: it
+runs at composition, below every other part (a bad value is a ValueError, which OmegaConf reports with the key).
 """
 
 from __future__ import annotations
@@ -14,8 +15,6 @@ from __future__ import annotations
 import math
 
 from omegaconf import OmegaConf
-
-from pixelsmith.errors import PixelsmithError
 
 AUTO_KEYS = ("batch", "mbstd", "channel_base", "lr", "gamma", "ema_kimg")
 
@@ -27,7 +26,7 @@ def stylegan2_auto(resolution: int, gpus: int) -> dict[str, float | int]:
     ema = mb * 10 / 32 (kimg)."""
     res, gpus = int(resolution), int(gpus)
     if res < 1 or res & (res - 1) or gpus < 1 or gpus & (gpus - 1):
-        raise PixelsmithError(
+        raise ValueError(
             f"experiment=stylegan2_auto derives its settings from data.resolution={res} and the GPU count "
             f"(hardware.devices x hardware.num_nodes = {gpus}); NVlabs' heuristic needs both to be powers of two. "
             "Set data.resolution (e.g. 256) and hardware.devices to powers of two."
@@ -46,7 +45,7 @@ def stylegan2_auto(resolution: int, gpus: int) -> dict[str, float | int]:
 
 def _auto_resolver(key: str, resolution, devices=1, num_nodes=1):
     if key not in AUTO_KEYS:
-        raise PixelsmithError(
+        raise ValueError(
             f"${{pixelsmith.stylegan2_auto:{key},...}}: unknown key {key!r}; it gives one of {', '.join(AUTO_KEYS)}."
         )
     # hardware.devices null means one device per process (as the runtime plan reads it)
@@ -57,7 +56,7 @@ def kimg_to_steps(kimg, batch, accumulate=1) -> int:
     """Iterations that show `kimg` thousand images at `batch` x `accumulate` images per iteration (rounded up)."""
     images_per_iteration = int(batch) * int(accumulate or 1)
     if images_per_iteration < 1:
-        raise PixelsmithError(
+        raise ValueError(
             f"${{pixelsmith.kimg_to_steps:...}} needs a batch of at least 1 image, got data.batch_size={batch} x "
             f"accumulate={accumulate}; set data.batch_size."
         )
