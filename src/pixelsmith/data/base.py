@@ -1,7 +1,7 @@
 """Base datamodule: global batch -> per-rank loader batch, the resumable sampler, and the loader settings
 (workers, pinned memory, persistent workers, prefetch) that the hardware profile chooses. Loader workers ignore
 Ctrl-C, which the training process handles for them (`worker_ignoring_ctrl_c`). `data.mirror` doubles a dataset
-with its x-flipped copies (`with_mirror`), as NVlabs' `--mirror`."""
+with its x-flipped copies (`MirroredDataset`; MNIST and the image folder take it), as NVlabs' `--mirror`."""
 
 from __future__ import annotations
 
@@ -90,7 +90,6 @@ class ImageDataModule(L.LightningDataModule):
         persistent_workers: bool = True,
         prefetch_factor: int = 2,
         on_device: bool = False,
-        mirror: bool = False,
     ):
         super().__init__()
         self.batch_size = batch_size
@@ -102,12 +101,7 @@ class ImageDataModule(L.LightningDataModule):
         self.persistent_workers = persistent_workers
         self.prefetch_factor = prefetch_factor
         self.on_device = on_device
-        self.mirror = mirror
         self.train_set: Dataset | None = None
-
-    def with_mirror(self, dataset: Dataset) -> Dataset:
-        """`dataset`, doubled with its x-flipped copies when `mirror` is on (for subclasses' `setup`)."""
-        return MirroredDataset(dataset) if self.mirror else dataset
 
     def _start_iteration(self) -> int:
         trainer = self.trainer

@@ -82,8 +82,16 @@ class TensorImageDataset(Dataset):
 class MNISTDataModule(ImageDataModule):
     default_extractor = "mnist"  # the offline digit classifier: a meaningful FID without any download
 
-    def __init__(self, resolution: int = 32, channels: int = 1, limit: int | None = None, **loader_kwargs):
+    def __init__(
+        self,
+        resolution: int = 32,
+        channels: int = 1,
+        limit: int | None = None,
+        mirror: bool = False,
+        **loader_kwargs,
+    ):
         super().__init__(**loader_kwargs)
+        self.mirror = mirror
         if channels not in (1, 3):
             raise ValueError(
                 f"data.channels={channels}: MNIST is served as 1 (grey) or 3 (repeated) channels."
