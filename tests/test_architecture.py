@@ -21,7 +21,7 @@ PACKAGE = "pixelsmith"
 # Bottom to top. A part may import parts of lower layers only (never its own layer's, never a higher one's).
 LAYERS: list[tuple[str, ...]] = [
     # no Pixelsmith import at all (choices: the schemas' choice fields)
-    ("errors", "hashing", "launch", "choices"),
+    ("errors", "hashing", "launch", "choices", "stylegan2_auto"),
     ("paths",),  # where the config tree and data live
     ("core",),  # the training core (loop bookkeeping, optimizers, precision, strategies) and its schemas
     ("hardware_config",),  # the hardware/precision/strategy schemas

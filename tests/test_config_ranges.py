@@ -96,3 +96,18 @@ def test_train_py_prints_one_paragraph_and_no_traceback(tmp_path):
     assert "train.clip_grad_norm=-1.0 must be > 0" in output
     assert "Traceback" not in output
     assert not (tmp_path / "run" / "checkpoints").exists()
+
+
+@pytest.mark.parametrize(
+    ("override", "fix"),
+    [
+        ("model.generator.style_mixing_prob=1.5", "model.generator.style_mixing_prob=0.9"),
+        ("model.generator.style_mixing_prob=-0.1", "0 turns style mixing off"),
+        ("model.generator.c_dim=-1", "model.generator.c_dim=0"),
+    ],
+)
+def test_stylegan2_generator_switches_out_of_range_are_named_with_a_valid_value(make_cfg, override, fix):
+    cfg = make_cfg(override, model="stylegan2")
+    with pytest.raises(ConfigValueError, match="1 invalid value") as err:
+        validate_config(cfg)
+    assert fix in str(err.value)

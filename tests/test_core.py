@@ -347,6 +347,22 @@ def test_ema_matches_a_hand_computation_away_from_one_half_life(as_tensor):
     assert float(ramped.beta(2500, torch.tensor(10_000) if as_tensor else 10_000)) == pytest.approx(0.03125)
 
 
+def test_the_ema_ramp_up_reads_the_images_seen_before_the_iteration_as_nvlabs(make_cfg):
+    """StyleGAN2-ADA training/training_loop.py: ema_nimg = min(ema_kimg * 1000, cur_nimg * ema_rampup), beta = 0.5 **
+    (batch / max(ema_nimg, 1e-8)), with cur_nimg advanced after the update. Batch 16, ramp-up 0.05: iteration 0
+    copies G (beta 0), iteration 1 has 16 images behind it (beta 0.5 ** (16 / 0.8) = 0.5 ** 20), iteration 2 32
+    (0.5 ** 10); counting the iteration's own images would give 0.5 ** 20, 0.5 ** 10, 0.5 ** (20 / 3)."""
+    from pixelsmith.train import run
+    from tests.conftest import metrics_rows, series
+
+    cfg = make_cfg(
+        "max_steps=3", "train.log_every_n_steps=1", "model.ema.rampup=0.05", "model.ema.half_life_kimg=10"
+    )
+    run(cfg)
+    betas = series(metrics_rows(Path(cfg.paths.output_dir)), "ema/G_beta")
+    assert betas == pytest.approx([0.0, 0.5**20, 0.5**10], rel=1e-6, abs=1e-12)
+
+
 def test_ema_half_life_and_rampup():
     source = nn.Linear(2, 2)
     ema = EMA(source, half_life_kimg=10.0, rampup=None)

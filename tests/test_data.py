@@ -319,3 +319,49 @@ def test_a_killed_loader_worker_ends_the_run_with_one_paragraph_naming_it(
     # torch says "is killed by signal: Killed" or "exited unexpectedly", depending on which of its checks saw it.
     assert re.search(r"A data-loader worker died: DataLoader worker \(pid(\(s\))? \d+\)", message), message
     assert "data.num_workers=0" in message and "Traceback" not in message
+
+
+def test_mirror_doubles_an_image_folder_with_x_flipped_copies(tmp_path):
+    """NVlabs `training/dataset.py` with xflip=True: the raw indices tiled twice, items n..2n-1 flipped left-right
+    (`image[:, :, ::-1]`). Checked against numpy's flip of the decoded pixels."""
+    from pixelsmith.data.image_folder import ImageFolderDataModule
+
+    _write_images(tmp_path, 3, size=(20, 20))
+    plain = ImageFolderDataModule(str(tmp_path), resolution=16, batch_size=2)
+    mirrored = ImageFolderDataModule(str(tmp_path), resolution=16, batch_size=2, mirror=True)
+    plain.setup()
+    mirrored.setup()
+    assert len(plain.train_set) == 3 and len(mirrored.train_set) == 6
+    for i in range(3):
+        image, substituted = plain.train_set[i]
+        assert torch.equal(mirrored.train_set[i][0], image)
+        flipped, flipped_substituted = mirrored.train_set[3 + i]
+        assert (
+            np.array_equal(flipped.numpy(), image.numpy()[:, :, ::-1]) and flipped_substituted == substituted
+        )
+        assert not torch.equal(flipped, image)  # random pixels: a flip really changes them
+    # FID's reference is the folder's own images, not the flipped copies.
+    assert mirrored.reference_source()[3] == 3
+
+
+@pytest.mark.parametrize("on_device", [True, False])
+def test_mirror_doubles_mnist_on_the_device_and_through_the_loader(on_device):
+    from pixelsmith.data.mnist import MNISTDataModule
+
+    module = MNISTDataModule(limit=10, batch_size=20, on_device=on_device, mirror=True, max_steps=1)
+    module.setup()
+    originals = load_mnist(32)[0][:10].numpy()
+    images = module.train_set.images.numpy()
+    assert images.shape == (20, 1, 32, 32)
+    assert np.array_equal(images[:10], originals) and np.array_equal(images[10:], originals[:, :, :, ::-1])
+    (batch,) = list(module.train_dataloader())  # one iteration of 20 = the whole doubled set, shuffled
+    assert sorted(map(bytes, batch.numpy())) == sorted(map(bytes, images))
+
+
+def test_data_mirror_reaches_the_datamodule_from_the_config(make_cfg):
+    from pixelsmith.builders import build_datamodule, build_plan
+
+    cfg = make_cfg("data.mirror=true", "data.limit=8")
+    module = build_datamodule(cfg, build_plan(cfg))
+    module.setup()
+    assert module.mirror and len(module.train_set) == 16

@@ -196,6 +196,68 @@ def test_path_length_penalty_matches_a_hand_computation(monkeypatch):
     assert half.logs["pl/mean"].item() == pytest.approx(math.sqrt(8.0), rel=1e-6)
 
 
+class _TwoLayerG(nn.Module):
+    """Per-layer ws [N, 2 layers, 2] (z copied to both layers); a 1x2 image: pixel 0 = 3 * ws[:, 0, 0] (layer 0 only),
+    pixel 1 = ws[:, 1, 0] * ws[:, 1, 1] (layer 1 only)."""
+
+    def __init__(self):
+        super().__init__()
+        self.one = nn.Parameter(torch.ones(()))
+
+    def forward(self, z, return_ws=False):
+        ws = z[:, None, :].expand(-1, 2, -1) * self.one
+        images = torch.stack([3.0 * ws[:, 0, 0], ws[:, 1, 0] * ws[:, 1, 1]], dim=1).reshape(-1, 1, 1, 2)
+        return (images, ws) if return_ws else images
+
+
+def test_path_length_wrt_per_layer_ws_matches_nvlabs_by_hand(monkeypatch):
+    """NVlabs training/loss.py (StyleGAN2Loss, Gpl): noise = randn / sqrt(H * W), grads w.r.t. gen_ws [N, num_ws,
+    w_dim], pl_lengths = grads.square().sum(2).mean(1).sqrt(), pl_mean = pl_mean.lerp(lengths.mean(), 0.01),
+    penalty (lengths - pl_mean)^2 times pl_weight 2, on gen_z[: N // 2] (pl_batch_shrink 2). The defaults here must
+    be those constants (a summed instead of averaged layer axis, or H*W instead of its root, change the numbers)."""
+    monkeypatch.setattr(torch, "randn_like", lambda t, dtype=None: torch.ones_like(t, dtype=dtype))
+    # noise 1/sqrt(2) per pixel: layer 0's gradient (3/sqrt2, 0), layer 1's (ws11/sqrt2, ws10/sqrt2); the mean over
+    # the 2 layers of their squared norms: (9 + ws10^2 + ws11^2) / 4. z = (1, 2): 14 / 4 = 3.5; z = (0, 0): 9 / 4.
+    z = torch.tensor([[1.0, 2.0], [0.0, 0.0], [50.0, 50.0], [9.0, 9.0]])  # the last two are shrunk away
+    lengths = [math.sqrt(3.5), 1.5]
+    pl_mean = 0.01 * sum(lengths) / 2  # from 0, decay 0.01: 0.016854
+    penalty = sum((length - pl_mean) ** 2 for length in lengths) / 2  # 2.818472
+    assert pl_mean == pytest.approx(0.016854, abs=1e-6) and penalty == pytest.approx(2.818472, abs=1e-6)
+
+    reg = PathLengthPenalty()
+    assert (reg.weight, reg.interval, reg.decay, reg.batch_shrink) == (2.0, 4, 0.01, 2)
+    out = reg.loss(_Step(G=_TwoLayerG()), {"z": z})
+    assert out.logs["pl/mean"].item() == pytest.approx(pl_mean, rel=1e-6)
+    assert out.logs["loss/pl"].item() == pytest.approx(penalty, rel=1e-6)
+    assert out.loss.item() == pytest.approx(2.0 * penalty, rel=1e-6)
+
+
+def test_path_length_of_stylegan2_is_taken_wrt_the_ws_the_synthesis_network_read(monkeypatch):
+    """Through the real generator: the penalty's lengths equal NVlabs' formula applied to the gradient w.r.t. a leaf
+    ws tensor fed to G.synthesis (noise off, the probe fixed), and they differ from the gradient w.r.t. one shared w
+    (which sums the layers' gradients instead of averaging their squared norms)."""
+    from pixelsmith.gan.networks.stylegan2 import StyleGAN2Generator
+
+    torch.manual_seed(0)
+    G = StyleGAN2Generator(
+        resolution=16, z_dim=8, w_dim=8, mapping_layers=1, channel_base=64, channel_max=8, use_noise=False
+    ).eval()
+    z = torch.randn(3, 8)
+    probe = torch.randn(3, 1, 16, 16)
+    monkeypatch.setattr(torch, "randn_like", lambda t, dtype=None: probe.clone())
+    reg = PathLengthPenalty(
+        weight=1.0, decay=1.0, batch_shrink=1
+    )  # decay 1: pl_mean is this batch's mean length
+    out = reg.loss(_Step(G=G), {"z": z})
+
+    ws = G.mapping(z).detach().clone().requires_grad_(True)
+    (grads,) = torch.autograd.grad((G.synthesis(ws) * probe / 16.0).sum(), ws)
+    lengths = grads.square().sum(2).mean(1).sqrt()
+    torch.testing.assert_close(out.logs["pl/mean"], lengths.mean(), rtol=1e-5, atol=0)
+    shared = grads.sum(1).square().sum(1).sqrt()  # d/dw of the same images when every layer reads one w
+    assert (shared.mean() - lengths.mean()).abs() > 0.1 * lengths.mean()
+
+
 def test_a_lazy_phase_multiplies_its_loss_by_its_interval(make_cfg, monkeypatch):
     """StyleGAN2's lazy regularisation: R1 every 4th iteration counts 4 times (gamma 2: 2 / 2 * 4 * penalty)."""
     cfg = make_cfg(f"{R1}.gamma=2.0", f"{R1}.interval=4", "precision=32-true", "augment=none")

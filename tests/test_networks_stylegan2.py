@@ -123,8 +123,10 @@ def test_w_avg_tracks_training_mode_and_truncation_psi_zero_collapses_to_it():
     generator.train()
     z = torch.randn(16, 32)
     with torch.no_grad():
-        w = generator.mapping(z)
-    torch.testing.assert_close(generator.mapping.w_avg, (1 - 0.995) * w.mean(dim=0))
+        ws = generator.mapping(z)
+    assert ws.shape == (16, generator.num_ws, 32)
+    # w_avg averages w itself (one per latent), not its per-layer copies; beta 0.995 as NVlabs' w_avg_beta.
+    torch.testing.assert_close(generator.mapping.w_avg, (1 - 0.995) * ws[:, 0].mean(dim=0))
     for _ in range(3):
         generator(torch.randn(16, 32))
     w_avg = generator.mapping.w_avg.clone()
@@ -137,10 +139,192 @@ def test_w_avg_tracks_training_mode_and_truncation_psi_zero_collapses_to_it():
         images_b = generator(torch.randn(4, 32), truncation_psi=0.0)
         images_free = generator(torch.randn(4, 32))
     torch.testing.assert_close(generator.mapping.w_avg, w_avg, rtol=0, atol=0)  # no update in eval mode
-    torch.testing.assert_close(w_truncated, w_avg.expand(5, -1), rtol=0, atol=0)
+    torch.testing.assert_close(w_truncated, w_avg.expand(5, generator.num_ws, -1), rtol=0, atol=0)
     torch.testing.assert_close(images_a, images_b, rtol=0, atol=0)
     torch.testing.assert_close(images_a, images_a[:1].expand_as(images_a), rtol=0, atol=0)
     assert (images_free - images_free[:1]).abs().amax() > 1e-3  # without truncation, z matters
+
+
+@pytest.mark.parametrize(("resolution", "num_ws"), [(16, 6), (32, 8), (256, 14)])
+def test_num_ws_counts_one_w_per_conv_plus_the_last_torgb_as_nvlabs(resolution: int, num_ws: int):
+    """NVlabs `SynthesisNetwork.num_ws` (training/networks.py): sum of the blocks' num_conv (1 at 4x4, else 2) plus the
+    last block's num_torgb (1): 2 * log2(resolution) - 2 (14 at 256 px, as their paper256 G)."""
+    generator = StyleGAN2Generator(resolution=resolution, z_dim=8, w_dim=8, channel_base=256, channel_max=4)
+    assert generator.num_ws == num_ws == 2 * int(math.log2(resolution)) - 2
+    assert generator.mapping(torch.randn(2, 8)).shape == (2, num_ws, 8)
+
+
+def test_each_layer_reads_its_own_w_with_torgb_sharing_the_next_conv_s():
+    """NVlabs' block slicing: block k reads ws[first : first + num_conv + 1] and `first` advances by num_conv, so the
+    4x4 block's conv1 and toRGB read ws[0] and ws[1], the 8x8 block's conv0, conv1, toRGB ws[1], ws[2], ws[3], ...
+    Recorded here by hooking every modulated conv's affine layer and comparing the w it saw with the ws given."""
+    generator = StyleGAN2Generator(**TINY, z_dim=8, w_dim=8, mapping_layers=1, use_noise=False)
+    seen: dict[str, torch.Tensor] = {}
+    for name, module in generator.synthesis.named_modules():
+        if name.endswith("affine"):
+            module.register_forward_hook(lambda mod, args, out, name=name: seen.__setitem__(name, args[0]))
+    ws = torch.randn(3, generator.num_ws, 8)
+    generator.synthesis(ws)
+    expected = {"blocks.0.conv1": 0, "blocks.0.to_image": 1}
+    for block in range(1, len(generator.synthesis.blocks)):
+        first = 2 * block - 1
+        expected |= {
+            f"blocks.{block}.conv0": first,
+            f"blocks.{block}.conv1": first + 1,
+            f"blocks.{block}.to_image": first + 2,
+        }
+    assert expected[f"blocks.{len(generator.synthesis.blocks) - 1}.to_image"] == generator.num_ws - 1
+    assert sorted(name.rsplit(".conv.affine", 1)[0] for name in seen) == sorted(expected)
+    for layer, index in expected.items():
+        torch.testing.assert_close(seen[f"{layer}.conv.affine"], ws[:, index], rtol=0, atol=0, msg=layer)
+    # One w for all layers (a [N, w_dim] tensor) is the broadcast of it: the same images.
+    generator.eval()
+    w = torch.randn(3, 8)
+    torch.testing.assert_close(
+        generator.synthesis(w),
+        generator.synthesis(w[:, None].expand(-1, generator.num_ws, -1)),
+        rtol=0,
+        atol=0,
+    )
+
+
+def test_truncation_cutoff_truncates_only_the_first_layers():
+    generator = StyleGAN2Generator(**TINY, z_dim=8, w_dim=8, mapping_layers=1).eval()
+    generator.mapping.w_avg.normal_()
+    z = torch.randn(4, 8)
+    ws = generator.mapping(z)
+    cut = generator.mapping(z, truncation_psi=0.5, truncation_cutoff=3)
+    # NVlabs: ws[:, :cutoff] = w_avg.lerp(ws[:, :cutoff], psi), i.e. w_avg + psi * (w - w_avg); the rest untouched.
+    torch.testing.assert_close(
+        cut[:, :3], generator.mapping.w_avg + 0.5 * (ws[:, :3] - generator.mapping.w_avg)
+    )
+    torch.testing.assert_close(cut[:, 3:], ws[:, 3:], rtol=0, atol=0)
+
+
+def test_class_conditioning_concatenates_the_normalised_label_embedding_to_z():
+    """NVlabs `MappingNetwork` with c_dim > 0: x = normalize_2nd_moment(z), y = normalize_2nd_moment(embed(c)),
+    the MLP reads cat([x, y]). Checked against that computation written out with the layers' effective weights."""
+    generator = StyleGAN2Generator(**TINY, z_dim=6, w_dim=5, mapping_layers=1, c_dim=3).eval()
+    mapping = generator.mapping
+    z = torch.randn(4, 6, dtype=torch.float64)
+    c = F.one_hot(torch.tensor([0, 2, 1, 2]), 3).double()
+    mapping.double()
+
+    def unit_mean_square(v):
+        return v / torch.sqrt(v.square().mean(dim=1, keepdim=True) + 1e-8)
+
+    embed, layer = mapping.embed, mapping.layers[0]
+    y = c @ (embed.weight * embed.weight_gain).T + embed.bias * embed.bias_gain
+    x = torch.cat([unit_mean_square(z), unit_mean_square(y)], dim=1)
+    w = F.leaky_relu(
+        x @ (layer.weight * layer.weight_gain).T + layer.bias * layer.bias_gain, 0.2
+    ) * math.sqrt(2)
+    torch.testing.assert_close(
+        mapping(z, c), w[:, None].expand(-1, generator.num_ws, -1), rtol=1e-12, atol=1e-12
+    )
+    assert layer.weight.shape == (5, 6 + 5)  # z_dim + embed features (w_dim) in
+    with pytest.raises(ValueError, match="conditional"):
+        mapping(z)
+    generator.float()
+    labels = F.one_hot(torch.tensor([0, 1, 2, 0]), 3).float()
+    images = generator(torch.randn(4, 6), labels)
+    assert images.shape == (4, 1, 32, 32)
+
+
+def _mixing_generator(prob: float) -> StyleGAN2Generator:
+    return StyleGAN2Generator(**TINY, z_dim=8, w_dim=8, mapping_layers=1, style_mixing_prob=prob).train()
+
+
+def test_style_mixing_off_is_the_unmixed_generator_bit_for_bit():
+    mixing, plain = _mixing_generator(0.0), _mixing_generator(0.9)
+    plain.load_state_dict(mixing.state_dict())
+    plain.style_mixing_prob = 0.0
+    z = torch.randn(4, 8)
+    torch.manual_seed(1)
+    images, ws = mixing(z, return_ws=True)
+    torch.manual_seed(1)
+    images_plain, ws_plain = plain(z, return_ws=True)
+    torch.testing.assert_close(images, images_plain, rtol=0, atol=0)
+    torch.testing.assert_close(ws, ws_plain, rtol=0, atol=0)
+    # At p = 0 every layer holds the latent's own w.
+    torch.testing.assert_close(ws, ws[:, :1].expand_as(ws), rtol=0, atol=0)
+
+
+def test_style_mixing_at_p_one_takes_the_layers_after_the_cutoff_from_a_second_latent():
+    """NVlabs `StyleGAN2Loss.run_G`: cutoff ~ U[1, num_ws), ws[:, cutoff:] = mapping(randn_like(z))[:, cutoff:],
+    without a w_avg update for the second latent. Replayed here from the same random stream: the cutoff is the
+    first draw, the coin the second, the second latent the third."""
+    generator = _mixing_generator(1.0)
+    num_ws = generator.num_ws
+    z = torch.randn(5, 8)
+    cutoffs = set()
+    for seed in range(12):
+        torch.manual_seed(seed)
+        w_avg = generator.mapping.w_avg.clone()
+        _, ws = generator(z, return_ws=True)
+        w_avg_after = generator.mapping.w_avg.clone()
+        torch.manual_seed(seed)
+        cutoff = int(torch.randint(1, num_ws, ()))
+        torch.rand(())
+        second_z = torch.randn_like(z)
+        own = generator.mapping.eval()(z)
+        second = generator.mapping(second_z)
+        generator.mapping.train()
+        assert 1 <= cutoff < num_ws
+        torch.testing.assert_close(ws[:, :cutoff], own[:, :cutoff], rtol=0, atol=0)
+        torch.testing.assert_close(ws[:, cutoff:], second[:, cutoff:], rtol=0, atol=0)
+        assert (second[:, 0] - own[:, 0]).abs().amax() > 1e-3  # the two latents do differ
+        # w_avg moved once, by the first latent's w only.
+        torch.testing.assert_close(w_avg_after, own[:, 0].mean(dim=0).lerp(w_avg, 0.995))
+        cutoffs.add(cutoff)
+    assert len(cutoffs) > 3  # the cutoff is drawn, not fixed
+    # Evaluation mode never mixes.
+    generator.eval()
+    _, ws = generator(z, return_ws=True)
+    torch.testing.assert_close(ws, ws[:, :1].expand_as(ws), rtol=0, atol=0)
+
+
+def test_style_mixing_happens_with_probability_p_and_a_uniform_cutoff():
+    generator = _mixing_generator(0.9)
+    num_ws = generator.num_ws
+    z = torch.randn(2, 8)
+    calls, mixed, cutoffs = 2000, 0, torch.zeros(num_ws + 1)
+    with torch.no_grad():
+        for _ in range(calls):
+            ws = generator.mapping.eval()(z)
+            generator.mapping.train()
+            ws = generator.mix_styles(z, None, ws)
+            differs = (ws != ws[:, :1]).any(dim=2).any(dim=0)  # layers that are not the first latent's
+            cutoff = int(differs.nonzero()[0]) if differs.any() else num_ws
+            mixed += cutoff < num_ws
+            cutoffs[cutoff] += 1
+    # Binomial(2000, 0.9): std 13.4, so +-60 is 4.5 sigma.
+    assert abs(mixed - 0.9 * calls) < 60
+    # Each cutoff in [1, num_ws) about equally often: expected 0.9 * 2000 / 7 = 257 each, std ~15.
+    expected = 0.9 * calls / (num_ws - 1)
+    assert cutoffs[0] == 0
+    assert all(abs(float(n) - expected) < 5 * math.sqrt(expected) for n in cutoffs[1:num_ws])
+
+
+def test_style_mixing_makes_no_host_sync(monkeypatch):
+    """A CUDA graph captures the step: mixing reads no tensor on the host (a .item() or a Python branch on a random
+    value would show here as a tensor-to-Python conversion)."""
+    generator = _mixing_generator(0.9)
+    z = torch.randn(2, 8)
+    ws = generator.mapping(z)
+    conversions = []
+    for method in ("item", "__bool__", "__int__", "__float__", "__index__", "tolist"):
+        original = getattr(torch.Tensor, method)
+
+        def spy(self, *args, _original=original, _method=method):
+            conversions.append(_method)
+            return _original(self, *args)
+
+        monkeypatch.setattr(torch.Tensor, method, spy)
+    mixed = generator.mix_styles(z, None, ws)
+    monkeypatch.undo()
+    assert conversions == []
+    assert mixed.shape == (2, generator.num_ws, 8)
 
 
 def test_gradients_reach_every_generator_parameter_through_the_discriminator_loss():

@@ -30,6 +30,7 @@ from pathlib import Path
 from omegaconf import OmegaConf
 
 from pixelsmith.launch import register_launch_resolvers
+from pixelsmith.stylegan2_auto import register_stylegan2_resolvers
 
 PACKAGE_DIR = Path(__file__).resolve().parent
 _CHECKOUT = PACKAGE_DIR.parents[1]  # the clone's root if this is <clone>/src/pixelsmith
@@ -83,6 +84,7 @@ def register_resolvers() -> None:
     if not OmegaConf.has_resolver("pixelsmith.data_dir"):
         OmegaConf.register_new_resolver("pixelsmith.data_dir", lambda: str(DATA_DIR))
     register_launch_resolvers()  # the run dir's stamp, per-rank log file and .hydra
+    register_stylegan2_resolvers()  # NVlabs' 'auto' heuristics and kimg -> iterations (experiment=stylegan2_*)
 
 
 register_resolvers()

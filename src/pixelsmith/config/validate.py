@@ -181,6 +181,18 @@ RULES: list[Rule] = [
             ),
         )
     ),
+    Rule(
+        "model.generator.style_mixing_prob",
+        lambda v: _non_negative(v) and v <= 1,
+        "must be a probability in [0, 1] (NVlabs' StyleGAN2 uses 0.9; 0 turns style mixing off)",
+        "0.9",
+    ),
+    Rule(
+        "model.generator.c_dim",
+        lambda v: _non_negative(v) and isinstance(v, int),
+        "must be an integer >= 0 (0 = unconditional, else the number of classes of the one-hot labels)",
+        "0",
+    ),
     Rule("model.ema.half_life_kimg", _positive, "must be > 0", "10.0"),
     Rule(
         "model.ema.rampup",

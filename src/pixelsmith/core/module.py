@@ -207,15 +207,15 @@ class TrainingCore(L.LightningModule):
             )
         images_per_iteration = result.images * self.world_size
         self._sync_buffers()
-        if self._graphs is not None:  # the device's own count: a replay cannot read the host's
-            self._images_seen_t.add_(images_per_iteration)
-        images_seen = (
-            self._images_seen_t if self._graphs is not None else self.images_seen + images_per_iteration
-        )
+        # The EMA ramp-up reads the images seen before this iteration, as StyleGAN2-ADA's training loop (cur_nimg
+        # advances after the G_ema update): the first iteration's average is a copy of G. Under CUDA graphs the
+        # device's own count, which a replay can read (the host's it cannot).
+        images_seen = self._images_seen_t if self._graphs is not None else self.images_seen
         for name, ema, source in self._ema_pairs:
             with self.phase("ema"):
                 result.logs[f"ema/{name}_beta"] = ema.update(source, images_per_iteration, images_seen)
         if self._graphs is not None:
+            self._images_seen_t.add_(images_per_iteration)
             self._iteration_t.add_(1)
         result.grad_allreduce_calls = self._allreduces_this_iteration
         return result

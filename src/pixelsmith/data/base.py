@@ -1,6 +1,7 @@
 """Base datamodule: global batch -> per-rank loader batch, the resumable sampler, and the loader settings
 (workers, pinned memory, persistent workers, prefetch) that the hardware profile chooses. Loader workers ignore
-Ctrl-C, which the training process handles for them (`worker_ignoring_ctrl_c`)."""
+Ctrl-C, which the training process handles for them (`worker_ignoring_ctrl_c`). `data.mirror` doubles a dataset
+with its x-flipped copies (`MirroredDataset`; MNIST and the image folder take it), as NVlabs' `--mirror`."""
 
 from __future__ import annotations
 
@@ -20,6 +21,33 @@ from pixelsmith.errors import PixelsmithError
 
 class BatchSizeError(PixelsmithError, ValueError):
     pass
+
+
+def flip_x(item):
+    """An item with its image mirrored left-right (the last axis); a (image, *extras) tuple keeps its extras."""
+    if isinstance(item, tuple):
+        return (item[0].flip(-1), *item[1:])
+    return item.flip(-1)
+
+
+class MirroredDataset(Dataset):
+    """`source` followed by its x-flipped copies: item i < n is source[i], item n + i is source[i] mirrored (NVlabs'
+    `Dataset(xflip=True)` order: the raw indices tiled twice, the second half flipped). Flipping happens where the
+    item is read (in the loader workers), so the doubled dataset costs no memory."""
+
+    def __init__(self, source: Dataset):
+        self.source = source
+        self.source_len = len(source)  # type: ignore[arg-type]
+
+    def __len__(self) -> int:
+        return 2 * self.source_len
+
+    def __getitem__(self, index: int):
+        if index < 0:
+            index += len(self)
+        if index >= self.source_len:
+            return flip_x(self.source[index - self.source_len])
+        return self.source[index]
 
 
 def worker_ignoring_ctrl_c(worker_id: int, rank: int) -> None:

@@ -44,6 +44,7 @@ class MNISTDataConfig(DataConfig):
     channels: int = 1  # 1 (grey) or 3 (repeated)
     # keep the images on the training device and slice batches there (data/on_device.py)
     on_device: bool = False
+    mirror: bool = False  # x-flipped copies doubling the dataset (NVlabs' --mirror)
 
 
 @dataclass
@@ -57,3 +58,4 @@ class ImageFolderDataConfig(DataConfig):
     channels: int = 3
     extensions: list[str] = field(default_factory=lambda: ["jpg", "jpeg", "png", "webp"])
     on_corrupt: str = choice(OnCorrupt, "skip")  # skip (warn and count) | error
+    mirror: bool = False  # x-flipped copies doubling the dataset (NVlabs' --mirror)

@@ -22,7 +22,7 @@ import torch
 from PIL import Image, ImageOps
 from torch.utils.data import Dataset
 
-from pixelsmith.data.base import ImageDataModule
+from pixelsmith.data.base import ImageDataModule, MirroredDataset
 from pixelsmith.data.fingerprint import fingerprint_image_folder
 from pixelsmith.data.image_check import check_images, default_cache_dir
 from pixelsmith.errors import PixelsmithError
@@ -151,9 +151,11 @@ class ImageFolderDataModule(ImageDataModule):
         extensions: list[str] | None = None,
         on_corrupt: str = "skip",
         limit: int | None = None,
+        mirror: bool = False,
         **loader_kwargs,
     ):
         super().__init__(**loader_kwargs)
+        self.mirror = mirror
         if root is None:
             raise DataFolderError("data=image_folder needs data.root=/path/to/images.")
         self.root = root
@@ -198,7 +200,8 @@ class ImageFolderDataModule(ImageDataModule):
             raise DataFolderError(
                 f"None of the {len(files)} images in data.root={self.root!r} can be read (see the warnings above)."
             )
-        self.train_set = ImageFolderDataset(readable, self.resolution, self.channels, self.on_corrupt)
+        dataset = ImageFolderDataset(readable, self.resolution, self.channels, self.on_corrupt)
+        self.train_set = MirroredDataset(dataset) if self.mirror else dataset
 
     @property
     def skipped_file_count(self) -> int:
@@ -207,8 +210,9 @@ class ImageFolderDataModule(ImageDataModule):
 
     def reference_source(self, seed: int = 0, batch_size: int = 64):
         """(fingerprint, protocol, batch factory, image count) of the real images for FID reference statistics,
-        decoded exactly as for training, in a seeded order so any prefix is a random subset."""
-        dataset = self.train_set
+        decoded exactly as for training, in a seeded order so any prefix is a random subset. The folder's own images
+        (data.mirror's flipped copies are an augmentation of them, not more of the distribution to match)."""
+        dataset = getattr(self.train_set, "source", self.train_set)
         fingerprint = (
             f"{fingerprint_image_folder(self.root, tuple('.' + e for e in self.extensions))}:seed={seed}"
         )

@@ -82,8 +82,16 @@ class TensorImageDataset(Dataset):
 class MNISTDataModule(ImageDataModule):
     default_extractor = "mnist"  # the offline digit classifier: a meaningful FID without any download
 
-    def __init__(self, resolution: int = 32, channels: int = 1, limit: int | None = None, **loader_kwargs):
+    def __init__(
+        self,
+        resolution: int = 32,
+        channels: int = 1,
+        limit: int | None = None,
+        mirror: bool = False,
+        **loader_kwargs,
+    ):
         super().__init__(**loader_kwargs)
+        self.mirror = mirror
         if channels not in (1, 3):
             raise ValueError(
                 f"data.channels={channels}: MNIST is served as 1 (grey) or 3 (repeated) channels."
@@ -100,6 +108,10 @@ class MNISTDataModule(ImageDataModule):
             images = images[: self.limit]
         if self.channels == 3:
             images = images.repeat(1, 3, 1, 1)
+        if (
+            self.mirror
+        ):  # NVlabs' --mirror: the x-flipped copies after the originals, held as one tensor (on_device)
+            images = torch.cat([images, images.flip(-1)])
         self.train_set = TensorImageDataset(images)
 
     def reference_source(self, seed: int = 0):

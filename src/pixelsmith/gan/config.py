@@ -102,6 +102,9 @@ class StyleGAN2GeneratorConfig:
     # Under 16-mixed only the N highest resolutions in fp16 (mapping and the rest fp32); null: all under autocast.
     num_fp16_res: int | None = 4
     conv_clamp: float | None = 256.0  # clamp conv outputs to +-this (fp16 overflow guard); null: no clamp
+    # NVlabs' style-mixing regularisation (StyleGAN2Loss.style_mixing_prob, 0.9; 0 in their cifar config)
+    style_mixing_prob: float = 0.0
+    c_dim: int = 0  # > 0: a class-conditional mapping network (one-hot labels [N, c_dim] as G's second input)
 
 
 @dataclass

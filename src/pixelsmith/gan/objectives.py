@@ -187,14 +187,16 @@ class R1Penalty(Regularizer):
 
 class PathLengthPenalty(Regularizer):
     """StyleGAN2's path-length regularisation (Karras et al. 2020, sec. 3.2, eq. 4) on G (Greg): the Jacobian of the
-    image w.r.t. w, probed with random image-space directions, is pushed towards a constant length `pl_mean` (a
-    running mean, averaged over ranks so every rank regularises towards the same value). `batch_shrink` runs it on
-    a fraction of the batch. Needs a generator whose forward takes `return_ws=True` and returns (images, w) (the
-    StyleGAN2 one); it runs through that forward so FSDP gathers and reduces G as in every other phase.
+    image w.r.t. w, probed with random image-space directions (N(0, 1) / sqrt(H * W)), is pushed towards a constant
+    length `pl_mean` (a running mean with `decay` 0.01, averaged over ranks so every rank regularises towards the
+    same value). `batch_shrink` runs it on a fraction of the batch. Needs a generator whose forward takes
+    `return_ws=True` and returns (images, ws) (the StyleGAN2 one); it runs through that forward so FSDP gathers and
+    reduces G as in every other phase.
 
-    The gradient is taken w.r.t. the one w every synthesis layer of this template's generator shares (the paper's
-    eq. 4), not w.r.t. per-layer copies of it as the official code does (whose lengths average over the layers): the
-    lengths here are larger, so StyleGAN2's weight of 2.0 is not directly comparable; tune `weight` for your model."""
+    As NVlabs' `StyleGAN2Loss` (training/loss.py, Gpl): the gradient is taken w.r.t. the per-layer ws [N, num_ws,
+    w_dim] (style mixing included), and a sample's length is sqrt(mean over layers of the sum over w_dim of the
+    squared gradient); weight 2, every 4 iterations, half the batch. A generator returning one w [N, w_dim] gets the
+    paper's eq. 4 w.r.t. that w."""
 
     phase_name = "Greg"
     network = "G"

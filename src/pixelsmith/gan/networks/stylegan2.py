@@ -3,8 +3,11 @@
 Written from the design in Karras et al., "Analyzing and Improving the Image Quality of StyleGAN" (CVPR 2020), and
 matched to NVlabs' stylegan2-ada-pytorch `training/networks.py` where a switch says so:
 
-* Generator: a mapping network (pixel-norm on z, equalized-lr linear layers with a learning-rate multiplier,
-  leaky ReLU 0.2) produces w; a running average ``w_avg`` enables the truncation trick. The synthesis network
+* Generator: a mapping network (pixel-norm on z, optionally concatenated with a pixel-normed embedding of a class
+  label, equalized-lr linear layers with a learning-rate multiplier, leaky ReLU 0.2) produces w, broadcast to one
+  copy per layer (``ws [N, num_ws, w_dim]``, as NVlabs' StyleGAN2-ADA); a running average ``w_avg`` enables the
+  truncation trick. In training mode the generator mixes styles: with probability ``style_mixing_prob`` the layers
+  from a random cutoff on take the ws of a second latent (the paper's mixing regularisation). The synthesis network
   starts from a learned 4x4 constant and doubles the resolution per block with weight-modulated, demodulated
   3x3 convolutions, per-pixel noise with a learned strength, and the "skip" output architecture (one toRGB per
   resolution, upsampled and summed). Output images are roughly in [-1, 1]; there is no tanh, as in StyleGAN2.
@@ -352,6 +355,9 @@ class SynthesisBlock(nn.Module):
     ``upsampling`` "fir" upsamples both the features (transposed conv + blur) and the skip image (FIR, gain 4) as
     NVlabs does; "bilinear" both bilinearly. ``in_fp32``: under fp16 autocast this block runs in fp32 (NVlabs'
     use_fp16=False), see `_fp32_under_fp16_autocast`.
+
+    Takes ``num_conv + num_torgb`` consecutive ws ([N, k, w_dim]): one per conv, then the toRGB's, which is also the
+    next block's first conv's (NVlabs' ``SynthesisNetwork`` advances its w index by ``num_conv`` per block).
     """
 
     def __init__(
@@ -386,6 +392,8 @@ class SynthesisBlock(nn.Module):
         )
         self.to_image = ToImage(out_channels, image_channels, w_dim, conv_clamp=conv_clamp)
         self.upsampling = upsampling
+        self.num_conv = 1 if is_first else 2
+        self.num_torgb = 1
         self.in_fp32 = in_fp32
         if upsampling == "fir" and not is_first:  # not persistent: a constant, checkpoints keep their keys
             self.register_buffer("resample_filter", fir_kernel_2d(), persistent=False)
@@ -396,23 +404,49 @@ class SynthesisBlock(nn.Module):
         )
 
     @_fp32_under_fp16_autocast("in_fp32")
-    def forward(self, x: Tensor | None, image: Tensor | None, w: Tensor) -> tuple[Tensor, Tensor]:
-        x = self.conv0(x, w) if self.const is None else self.const[None].expand(w.shape[0], -1, -1, -1)
-        x = self.conv1(x, w)
+    def forward(self, x: Tensor | None, image: Tensor | None, ws: Tensor) -> tuple[Tensor, Tensor]:
+        layer_ws = ws.unbind(dim=1)
+        if self.const is None:
+            x = self.conv0(x, layer_ws[0])
+        else:
+            x = self.const[None].expand(ws.shape[0], -1, -1, -1)
+        x = self.conv1(x, layer_ws[self.num_conv - 1])
         # The image is accumulated in fp32 even under autocast: it is the sum of one term per resolution.
-        y = _at_least_fp32(self.to_image(x, w))
+        y = _at_least_fp32(self.to_image(x, layer_ws[self.num_conv]))
         image = y if image is None else self._upsample_image(image) + y
         return x, image
 
 
-class MappingNetwork(nn.Module):
-    """z -> w: pixel norm, then equalized-lr MLP; tracks w_avg (EMA of w in training mode) for truncation."""
+def _normalize_2nd_moment(x: Tensor) -> Tensor:
+    """Pixel norm: each row scaled to unit mean square (z, and the label embedding, before the MLP)."""
+    return x * torch.rsqrt(x.square().mean(dim=1, keepdim=True) + EPSILON)
 
-    def __init__(self, z_dim: int, w_dim: int, num_layers: int, lr_multiplier: float):
+
+class MappingNetwork(nn.Module):
+    """(z, c) -> ws [N, num_ws, w_dim]: pixel norm on z (and on an embedding of the label c when `c_dim` > 0,
+    concatenated to it), an equalized-lr MLP, w broadcast to one copy per synthesis layer (None: w [N, w_dim]).
+    Tracks `w_avg` (EMA of w in training mode, beta 0.995) for the truncation trick, as NVlabs' `MappingNetwork`.
+    """
+
+    def __init__(
+        self,
+        z_dim: int,
+        w_dim: int,
+        num_layers: int,
+        lr_multiplier: float,
+        num_ws: int | None = None,
+        c_dim: int = 0,
+    ):
         super().__init__()
         if num_layers < 1:
             raise ValueError(f"mapping_layers must be >= 1, got {num_layers}")
-        features = [z_dim] + [w_dim] * num_layers
+        if c_dim < 0:
+            raise ValueError(f"c_dim must be >= 0 (0 = unconditional), got {c_dim}")
+        self.num_ws = num_ws
+        self.c_dim = c_dim
+        # NVlabs embeds the label to w_dim features with an ordinary (lr multiplier 1) equalized linear layer.
+        self.embed = EqualizedLinear(c_dim, w_dim) if c_dim > 0 else None
+        features = [z_dim + (w_dim if c_dim > 0 else 0)] + [w_dim] * num_layers
         self.layers = nn.Sequential(
             *(
                 EqualizedLinear(fan_in, fan_out, lr_multiplier=lr_multiplier, activation=True)
@@ -424,20 +458,40 @@ class MappingNetwork(nn.Module):
     in_fp32 = False  # under fp16 autocast (the generator sets it where num_fp16_res is given, as NVlabs)
 
     @_fp32_under_fp16_autocast("in_fp32")
-    def forward(self, z: Tensor, truncation_psi: float = 1.0) -> Tensor:
-        z = _at_least_fp32(z)
-        z = z * torch.rsqrt(z.square().mean(dim=1, keepdim=True) + EPSILON)
-        w = self.layers(z)
-        if self.training:
+    def forward(
+        self,
+        z: Tensor,
+        c: Tensor | None = None,
+        truncation_psi: float = 1.0,
+        truncation_cutoff: int | None = None,
+        update_w_avg: bool = True,
+    ) -> Tensor:
+        x = _normalize_2nd_moment(_at_least_fp32(z))
+        if self.embed is not None:
+            if c is None:
+                raise ValueError(
+                    f"This generator is conditional (c_dim={self.c_dim}): pass the labels as c, one-hot [N, c_dim]."
+                )
+            x = torch.cat([x, _normalize_2nd_moment(self.embed(_at_least_fp32(c).to(x.dtype)))], dim=1)
+        w = self.layers(x)
+        if self.training and update_w_avg:
             with torch.no_grad():
                 self.w_avg.copy_(w.detach().to(self.w_avg.dtype).mean(dim=0).lerp(self.w_avg, W_AVG_BETA))
+        ws = w if self.num_ws is None else w.unsqueeze(1).expand(-1, self.num_ws, -1)
         if truncation_psi != 1.0:
-            w = self.w_avg.to(w.dtype).expand_as(w).lerp(w, truncation_psi)
-        return w
+            truncated = self.w_avg.to(ws.dtype).expand_as(ws).lerp(ws, truncation_psi)
+            if truncation_cutoff is None or ws.ndim == 2:
+                ws = truncated
+            else:  # only the first `truncation_cutoff` layers (coarse styles), as NVlabs' truncation_cutoff
+                ws = torch.cat([truncated[:, :truncation_cutoff], ws[:, truncation_cutoff:]], dim=1)
+        return ws
 
 
 class SynthesisNetwork(nn.Module):
-    """w -> image through blocks at 4, 8, ..., resolution (skip architecture)."""
+    """ws [N, num_ws, w_dim] -> image through blocks at 4, 8, ..., resolution (skip architecture).
+
+    `num_ws` counts NVlabs' way: every conv takes a w of its own, and each block's toRGB shares the next block's first
+    conv's, so the last toRGB adds one: 2 * log2(resolution) - 2 in all (8 at 32 px, 14 at 256 px)."""
 
     def __init__(
         self,
@@ -474,19 +528,33 @@ class SynthesisNetwork(nn.Module):
                 )
             )
         self.blocks = nn.ModuleList(blocks)
+        self.num_ws = sum(block.num_conv for block in blocks) + blocks[-1].num_torgb
 
-    def forward(self, w: Tensor) -> Tensor:
+    def forward(self, ws: Tensor) -> Tensor:
+        if ws.ndim == 2:  # one w for every layer
+            ws = ws.unsqueeze(1).expand(-1, self.num_ws, -1)
+        if ws.shape[1] != self.num_ws:
+            raise ValueError(
+                f"the synthesis network takes {self.num_ws} ws per image, got ws of shape {tuple(ws.shape)}"
+            )
         x = image = None
+        first = 0
         for block in self.blocks:
-            x, image = _maybe_checkpoint(self.gradient_checkpointing, block, x, image, w)
+            block_ws = ws.narrow(1, first, block.num_conv + block.num_torgb)
+            x, image = _maybe_checkpoint(self.gradient_checkpointing, block, x, image, block_ws)
+            first += block.num_conv
         return image
 
 
 class StyleGAN2Generator(nn.Module):
-    """StyleGAN2 generator: ``G(z, truncation_psi) -> images [N, channels, resolution, resolution]`` (fp32).
+    """StyleGAN2 generator: ``G(z, c, truncation_psi) -> images [N, channels, resolution, resolution]`` (fp32).
 
-    ``G.mapping(z, psi)`` and ``G.synthesis(w)`` are exposed separately; ``G(z, return_ws=True)`` returns the images
-    and their w (for path-length regularisation).
+    ``G.mapping(z, c, psi)`` -> ws [N, num_ws, w_dim] and ``G.synthesis(ws)`` are exposed separately;
+    ``G(z, return_ws=True)`` returns the images and the ws they were synthesised from (path-length regularisation
+    differentiates w.r.t. them). ``c`` is a one-hot label [N, c_dim] when ``c_dim`` > 0 (NVlabs' conditioning).
+    In training mode, with probability ``style_mixing_prob``, the layers from a cutoff drawn uniformly in
+    [1, num_ws) on take the ws of a second latent (NVlabs' ``StyleGAN2Loss.run_G``: one cutoff per call, the
+    second latent's mapping leaves ``w_avg`` alone). Evaluation mode (sampling, EMA, FID) never mixes.
     """
 
     def __init__(
@@ -504,16 +572,23 @@ class StyleGAN2Generator(nn.Module):
         upsampling: str = "fir",
         num_fp16_res: int | None = 4,
         conv_clamp: float | None = 256.0,
+        style_mixing_prob: float = 0.0,
+        c_dim: int = 0,
     ):
         super().__init__()
         _check_architecture(resolution, channels, channel_base, channel_max)
         _check_choice("upsampling", upsampling, UPSAMPLING)
         _check_precision(num_fp16_res, conv_clamp)
+        if not 0.0 <= style_mixing_prob <= 1.0:
+            raise ValueError(
+                f"style_mixing_prob must be in [0, 1] (NVlabs: 0.9; 0 turns it off), got {style_mixing_prob}"
+            )
         self.resolution = resolution
         self.channels = channels
         self.z_dim = z_dim
         self.w_dim = w_dim
-        self.mapping = MappingNetwork(z_dim, w_dim, mapping_layers, mapping_lr_multiplier)
+        self.c_dim = c_dim
+        self.style_mixing_prob = float(style_mixing_prob)
         self.synthesis = SynthesisNetwork(
             resolution,
             channels,
@@ -526,17 +601,41 @@ class StyleGAN2Generator(nn.Module):
             num_fp16_res=num_fp16_res,
             conv_clamp=conv_clamp,
         )
+        self.num_ws = self.synthesis.num_ws
+        self.mapping = MappingNetwork(
+            z_dim, w_dim, mapping_layers, mapping_lr_multiplier, num_ws=self.num_ws, c_dim=c_dim
+        )
         # NVlabs runs the mapping network in fp32 whatever the blocks do.
         self.mapping.in_fp32 = num_fp16_res is not None
 
+    def mix_styles(self, z: Tensor, c: Tensor | None, ws: Tensor) -> Tensor:
+        """ws with the layers from a random cutoff on replaced by those of a second latent, with probability
+        `style_mixing_prob` (else the cutoff is num_ws: nothing replaced). All on the device: no host read and no
+        branch on a random value, so a CUDA graph can capture it; the same random draws, in the same order, as
+        NVlabs (cutoff, then the coin, then the second latent)."""
+        num_ws = ws.shape[1]
+        cutoff = torch.randint(1, num_ws, (), device=ws.device)
+        mixing = torch.rand((), device=ws.device) < self.style_mixing_prob
+        cutoff = torch.where(mixing, cutoff, torch.full_like(cutoff, num_ws))
+        second = self.mapping(torch.randn_like(z), c, update_w_avg=False)
+        from_second = torch.arange(num_ws, device=ws.device)[None, :, None] >= cutoff
+        return torch.where(from_second, second.to(ws.dtype), ws)
+
     def forward(
-        self, z: Tensor, truncation_psi: float = 1.0, return_ws: bool = False
+        self,
+        z: Tensor,
+        c: Tensor | None = None,
+        truncation_psi: float = 1.0,
+        truncation_cutoff: int | None = None,
+        return_ws: bool = False,
     ) -> Tensor | tuple[Tensor, Tensor]:
-        """Images; with `return_ws` also the w they were synthesised from (path-length regularisation
-        differentiates the images w.r.t. it, through this forward so FSDP's and compile's hooks still apply)."""
-        w = self.mapping(z, truncation_psi)
-        images = self.synthesis(w)
-        return (images, w) if return_ws else images
+        """Images; with `return_ws` also the ws they were synthesised from (path-length regularisation
+        differentiates the images w.r.t. them, through this forward so FSDP's and compile's hooks still apply)."""
+        ws = self.mapping(z, c, truncation_psi, truncation_cutoff)
+        if self.training and self.style_mixing_prob > 0:
+            ws = self.mix_styles(z, c, ws)
+        images = self.synthesis(ws)
+        return (images, ws) if return_ws else images
 
 
 def minibatch_stddev(x: Tensor, group_size: int) -> Tensor:
