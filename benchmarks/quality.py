@@ -36,6 +36,15 @@ from pixelsmith.paths import REPO_ROOT
 ROWS: dict[str, list[str]] = {
     "dcgan": [],
     "stylegan2_small": ["experiment=mnist_stylegan2"],
+    # The demo's CPU-sized widths with NVlabs' switches on (conf/model/stylegan2.yaml's): FIR resampling in G and D,
+    # style mixing 0.9, path length weight 2 w.r.t. the per-layer ws.
+    "stylegan2_faithful": [
+        "experiment=mnist_stylegan2",
+        "model.generator.upsampling=fir",
+        "model.discriminator.downsampling=fir",
+        "model.generator.style_mixing_prob=0.9",
+        "model.objective.regularizers.path_length.weight=2.0",
+    ],
 }
 FRACTIONS = (
     0.25,

@@ -53,9 +53,12 @@ class Pair:
     discriminator: torch.nn.Module
     generate: Callable[[torch.Tensor], torch.Tensor]
     discriminate: Callable[[torch.Tensor], torch.Tensor]
+    channels_last: bool = (
+        False  # weights and the real images in NHWC, as the hardware profiles run the networks
+    )
 
 
-def our_pair(args, name: str, upsampling: str, downsampling: str) -> Pair:
+def our_pair(args, name: str, upsampling: str, downsampling: str, channels_last: bool = False) -> Pair:
     generator = StyleGAN2Generator(
         resolution=args.resolution,
         channels=3,
@@ -74,7 +77,10 @@ def our_pair(args, name: str, upsampling: str, downsampling: str) -> Pair:
         mbstd_group_size=4,
         downsampling=downsampling,
     )
-    return Pair(name, generator, discriminator, generator, discriminator)
+    if channels_last:
+        generator.to(memory_format=torch.channels_last)
+        discriminator.to(memory_format=torch.channels_last)
+    return Pair(name, generator, discriminator, generator, discriminator, channels_last)
 
 
 def nvlabs_pair(args) -> Pair:
@@ -127,6 +133,8 @@ def nvlabs_pair(args) -> Pair:
 
 def phase_step(pair: Pair, phase: str, z: torch.Tensor, real: torch.Tensor, r1_gamma: float = 1.0) -> None:
     generator, discriminator = pair.generator, pair.discriminator
+    if pair.channels_last:
+        real = real.contiguous(memory_format=torch.channels_last)
     generator.requires_grad_(phase == "Gmain")
     discriminator.requires_grad_(phase != "Gmain")
     if phase == "Gmain":
@@ -158,12 +166,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
     parser.add_argument("--no-legacy", action="store_true", help="leave out the bilinear / avg_pool column")
+    parser.add_argument(
+        "--channels-last",
+        action="store_true",
+        help="add a column: ours (fir) in channels_last, as every hardware profile runs it (hardware.channels_last)",
+    )
     args = parser.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
 
     torch.manual_seed(0)
     pairs = [our_pair(args, "ours (fir)", "fir", "fir")]
+    if args.channels_last:
+        pairs.append(our_pair(args, "ours (fir, channels_last)", "fir", "fir", channels_last=True))
     if not args.no_legacy:
         pairs.append(our_pair(args, "ours (bilinear/avg_pool)", "bilinear", "avg_pool"))
     if args.nvlabs_path:

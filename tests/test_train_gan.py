@@ -78,7 +78,11 @@ def test_accumulation_equals_one_bigger_batch(make_cfg, tmp_path):
     big = last_checkpoint(tmp_path / "big_batch")["state_dict"]
     assert accumulated.keys() == big.keys()
     worst = max((accumulated[k].float() - big[k].float()).abs().max().item() for k in big)
-    assert worst < 2e-6, worst
+    # Float summation order differs; Adam turns a gradient's rounding into a step error proportional to the lr, so
+    # the bound is relative to it (1% of one step: a wrong accumulation, e.g. the last micro-batch's gradient alone,
+    # moves weights by a whole step).
+    lr = make_cfg(*common).model.g_optimizer.lr
+    assert worst < 0.01 * lr, (worst, lr)
     # ...and it really is a different computation from a single micro-batch of 4.
     run(make_cfg(*common, "data.batch_size=4", "accumulate=1", output="small"))
     small = last_checkpoint(tmp_path / "small")["state_dict"]
