@@ -16,6 +16,8 @@ All on CPU with tiny tensors (float64 where the comparison is exact).
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pytest
 import scipy.signal
@@ -377,7 +379,8 @@ def test_fp32_and_bf16_runs_are_unchanged_by_num_fp16_res(autocast_dtype):
     torch.testing.assert_close(results[0][1], results[1][1], rtol=0, atol=0)
 
 
-def test_conv_clamp_bounds_every_conv_output_and_none_leaves_it_alone():
+def test_conv_clamp_bounds_every_fp16_conv_output_and_fp32_or_none_leaves_it_alone():
+    # NVlabs' conv_clamp guards fp16's range; their --fp32 config sets it to None, so fp32 (and bf16) runs skip it.
     layer = SynthesisLayer(4, 4, w_dim=4, upsample=None, use_noise=False, conv_clamp=256.0)
     unclamped = SynthesisLayer(4, 4, w_dim=4, upsample=None, use_noise=False, conv_clamp=None)
     unclamped.load_state_dict(layer.state_dict())
@@ -385,15 +388,30 @@ def test_conv_clamp_bounds_every_conv_output_and_none_leaves_it_alone():
         layer.bias.fill_(1000.0)
         unclamped.bias.fill_(1000.0)
         x, w = torch.randn(2, 4, 8, 8), torch.randn(2, 4)
-        # leaky ReLU(x + 1000) * sqrt(2) ~ 1414 everywhere: clamped to exactly 256.
-        assert layer(x, w).amax().item() == 256.0 and layer(x, w).amin().item() == 256.0
-        assert unclamped(x, w).amin().item() > 1000.0
+        with torch.autocast(device_type="cpu", dtype=torch.float16):
+            # leaky ReLU(x + 1000) * sqrt(2) ~ 1414 everywhere: clamped to exactly 256 in fp16.
+            clamped = layer(x, w)
+            assert clamped.dtype == torch.float16
+            assert clamped.amax().item() == 256.0 and clamped.amin().item() == 256.0
+            assert unclamped(x, w).amin().item() > 1000.0
+        assert layer(x, w).amin().item() > 1000.0  # fp32: no clamp
+        torch.testing.assert_close(layer(x, w), unclamped(x, w), rtol=0, atol=0)
 
     conv = EqualizedConv2d(2, 3, 3, downsample="fir", conv_clamp=5.0)
     with torch.no_grad():
         conv.weight.mul_(100.0)
-        out = conv(torch.randn(2, 2, 8, 8))
+        images = torch.randn(2, 2, 8, 8)
+        with torch.autocast(device_type="cpu", dtype=torch.float16):
+            out = conv(images)
+        assert conv(images).abs().amax().item() > 5.0
     assert out.abs().amax().item() == 5.0
+    # D's residual branches carry their 1/sqrt(2) inside the layer: the clamp bound scales with it (NVlabs clamps each
+    # branch at conv_clamp * sqrt(0.5) after the scaling).
+    branch = EqualizedConv2d(2, 3, 3, activation=True, conv_clamp=5.0, output_gain=math.sqrt(0.5))
+    with torch.no_grad():
+        branch.weight.mul_(100.0)
+        with torch.autocast(device_type="cpu", dtype=torch.float16):
+            assert branch(images).abs().amax().item() == pytest.approx(5.0 * math.sqrt(0.5), rel=1e-3)
 
 
 # ---- config and old checkpoints -----------------------------------------------------------------------------------

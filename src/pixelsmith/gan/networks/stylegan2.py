@@ -21,8 +21,12 @@ Switches (defaults: NVlabs'; `experiment=mnist_stylegan2` keeps the cheaper firs
 * D ``downsampling``: "fir" (blur, then a stride-2 conv; the residual skip blurred-downsampled, then 1x1) or
   "avg_pool". The FIR filters (`fir.py`) keep R1's double backward dense.
 * ``num_fp16_res`` / ``conv_clamp``: under fp16 autocast (`16-mixed`) only the N highest resolutions run in fp16, the
-  rest, the mapping network and D's epilogue in fp32, and conv outputs are clamped to +-conv_clamp (NVlabs: 4, 256);
-  None / None leaves the whole network under the run's autocast, unclamped. bf16 and fp32 runs are unaffected.
+  rest, the mapping network and D's epilogue in fp32, and fp16 conv outputs are clamped to +-conv_clamp (NVlabs: 4,
+  256); None / None leaves the whole network under the run's autocast, unclamped. bf16 and fp32 runs are unaffected
+  (no routing, no clamp: NVlabs' --fp32 config sets conv_clamp=None).
+
+Every conv2d is `conv_input_grad.conv2d`: the same forward, with the input gradient recorded as a transposed conv, so
+R1's and path length's double backward avoid PyTorch's generic one (copies of transposed activations).
 
 Differences left: modulation is applied to activations, not to per-sample weights (see ModulatedConv2d; NVlabs
 trains with this same non-fused path), and no custom CUDA kernels (upfirdn2d, bias_act, fma) are used.
@@ -38,6 +42,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
+from pixelsmith.gan.networks.conv_input_grad import conv2d
 from pixelsmith.gan.networks.fir import fir_downsample_2x, fir_filter, fir_kernel_2d, fir_upsample_2x
 
 LEAKY_RELU_SLOPE = 0.2
@@ -72,8 +77,11 @@ def _check_architecture(resolution: int, channels: int, channel_base: int, chann
         )
 
 
-def _leaky_relu_with_gain(x: Tensor) -> Tensor:
-    return F.leaky_relu(x, LEAKY_RELU_SLOPE) * LEAKY_RELU_GAIN
+def _activation_gain(activation: bool) -> float:
+    """The leaky ReLU's gain sqrt(2), folded into the weight and bias that feed it: leaky_relu is positively
+    homogeneous, so leaky_relu(x) * g == leaky_relu(g * x) for g > 0, and scaling the (tiny) weight tensor replaces an
+    elementwise multiply of the activations in forward and another in backward (5-10% of a CPU step at 32 px)."""
+    return LEAKY_RELU_GAIN if activation else 1.0
 
 
 def _at_least_fp32(x: Tensor) -> Tensor:
@@ -134,8 +142,10 @@ def _fp32_under_fp16_autocast(flag: str):
 
 
 def _clamp(x: Tensor, conv_clamp: float | None) -> Tensor:
-    # NVlabs' conv_clamp (256 in their configs, with fp16): keeps fp16 activations far from its 65504 limit.
-    return x if conv_clamp is None else x.clamp(-conv_clamp, conv_clamp)
+    """NVlabs' conv_clamp (256 in their mixed-precision configs): keeps fp16 activations far from fp16's 65504 limit.
+    Applied where the activations are fp16, as NVlabs' --fp32 config sets conv_clamp=None: fp32 and bf16 runs (and
+    the fp32 blocks of a 16-mixed run, whose range needs no guard) skip the clamp and its three backward ops."""
+    return x if conv_clamp is None or x.dtype != torch.float16 else x.clamp(-conv_clamp, conv_clamp)
 
 
 def _maybe_checkpoint(enabled: bool, block: nn.Module, *args: Tensor | None):
@@ -170,9 +180,10 @@ class EqualizedLinear(nn.Module):
         self.activation = activation
 
     def forward(self, x: Tensor) -> Tensor:
-        bias = self.bias * self.bias_gain if self.bias is not None else None
-        x = F.linear(x, self.weight * self.weight_gain, bias)
-        return _leaky_relu_with_gain(x) if self.activation else x
+        gain = _activation_gain(self.activation)
+        bias = self.bias * (self.bias_gain * gain) if self.bias is not None else None
+        x = F.linear(x, self.weight * (self.weight_gain * gain), bias)
+        return F.leaky_relu(x, LEAKY_RELU_SLOPE) if self.activation else x
 
     def extra_repr(self) -> str:
         out_features, in_features = self.weight.shape
@@ -186,6 +197,9 @@ class EqualizedConv2d(nn.Module):
     [1, 3, 3, 1] filter (padding 2) and convolves at stride 2, a 1x1 conv FIR-downsamples then convolves; or
     "avg_pool": 2x2 average pool, then the conv at the lower resolution. Both convolve at the lower resolution, a
     quarter of the FLOPs of convolving first; the blur is a depthwise filter on top.
+
+    ``output_gain``: the output (activation and clamp bound included) times this positive constant, folded into the
+    weight and bias (D's residual branches use it for their 1/sqrt(2), sparing an elementwise multiply).
     """
 
     def __init__(
@@ -197,33 +211,41 @@ class EqualizedConv2d(nn.Module):
         activation: bool = False,
         downsample: str | None = None,
         conv_clamp: float | None = None,
+        output_gain: float = 1.0,
     ):
         super().__init__()
         if downsample is not None:
             _check_choice("downsampling", downsample, DOWNSAMPLING)
+        if not output_gain > 0:
+            raise ValueError(
+                f"output_gain must be > 0 (it is folded through the leaky ReLU), got {output_gain}"
+            )
         self.weight = nn.Parameter(torch.randn(out_channels, in_channels, kernel_size, kernel_size))
         self.bias = nn.Parameter(torch.zeros(out_channels)) if bias else None
         self.weight_gain = 1.0 / math.sqrt(in_channels * kernel_size * kernel_size)
         self.activation = activation
         self.downsample = downsample
-        self.conv_clamp = conv_clamp
+        self.output_gain = output_gain
+        self.conv_clamp = None if conv_clamp is None else conv_clamp * output_gain
         if downsample == "fir":  # not persistent: a constant, and checkpoints keep the keys they always had
             self.register_buffer("resample_filter", fir_kernel_2d(), persistent=False)
 
     def forward(self, x: Tensor) -> Tensor:
-        weight = self.weight * self.weight_gain
+        gain = _activation_gain(self.activation) * self.output_gain
+        weight = self.weight * (self.weight_gain * gain)
+        bias = None if self.bias is None else (self.bias * gain if gain != 1.0 else self.bias)
         kernel_size = self.weight.shape[-1]
         if self.downsample == "fir" and kernel_size > 1:
             # NVlabs pads by 2 = (filter 4 - down 2 + 1) // 2 + conv padding 1, then a stride-2 valid conv.
             x = fir_filter(x, self.resample_filter, padding=2)
-            x = F.conv2d(x, weight, self.bias, stride=2)
+            x = conv2d(x, weight, bias, stride=2)
         else:
             if self.downsample == "fir":
                 x = fir_downsample_2x(x, self.resample_filter)
             elif self.downsample == "avg_pool":
                 x = F.avg_pool2d(x, 2)
-            x = F.conv2d(x, weight, self.bias, padding=kernel_size // 2)
-        return _clamp(_leaky_relu_with_gain(x) if self.activation else x, self.conv_clamp)
+            x = conv2d(x, weight, bias, padding=kernel_size // 2)
+        return _clamp(F.leaky_relu(x, LEAKY_RELU_SLOPE) if self.activation else x, self.conv_clamp)
 
 
 class ModulatedConv2d(nn.Module):
@@ -267,8 +289,12 @@ class ModulatedConv2d(nn.Module):
         if upsample == "fir":  # not persistent: a constant, and checkpoints keep the keys they always had
             self.register_buffer("resample_filter", fir_kernel_2d(), persistent=False)
 
-    def forward(self, x: Tensor, w: Tensor) -> Tensor:
+    def forward(self, x: Tensor, w: Tensor, output_gain: float = 1.0) -> Tensor:
+        """``output_gain``: the result times this constant, folded into the demodulation's [N, O] coefficients
+        (or the weight, without demodulation) instead of a pass over the activations."""
         weight = self.weight * self.weight_gain
+        if output_gain != 1.0 and not self.demodulate:
+            weight = weight * output_gain
         if x.dtype == torch.float16 or _fp16_autocast_active(x.device.type):
             # As NVlabs under fp16: the styles in fp32 and, where demodulation cancels any per-sample scale of them,
             # divided by their largest magnitude (their pre-normalisation), so that x * styles stays in fp16's range.
@@ -289,13 +315,15 @@ class ModulatedConv2d(nn.Module):
         else:
             if self.upsample == "bilinear":
                 x = _upsample_2x(x)
-            x = F.conv2d(x, weight, padding=self.weight.shape[-1] // 2)
+            x = conv2d(x, weight, padding=self.weight.shape[-1] // 2)
         if self.demodulate:
             # In fp32 even under autocast: the sum of squares loses too many bits in bf16.
             with torch.autocast(device_type=x.device.type, enabled=False):
                 demod = torch.rsqrt(
                     styles.to(weight.dtype).square() @ weight.square().sum(dim=(2, 3)).T + EPSILON
                 )
+                if output_gain != 1.0:
+                    demod = demod * output_gain
             x = x * demod.to(x.dtype)[:, :, None, None]
         return x
 
@@ -327,12 +355,15 @@ class SynthesisLayer(nn.Module):
         super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
 
     def forward(self, x: Tensor, w: Tensor) -> Tensor:
-        x = self.conv(x, w)
+        # leaky_relu(v) * sqrt(2) == leaky_relu(sqrt(2) * v): the gain rides on the demodulation coefficients, the
+        # noise strength and the bias, so no pass over the activations multiplies by it.
+        x = self.conv(x, w, output_gain=LEAKY_RELU_GAIN)
         if self.noise_strength is not None:
             batch, _, height, width = x.shape
             noise = torch.randn(batch, 1, height, width, device=x.device, dtype=x.dtype)
-            x = x + noise * self.noise_strength.to(x.dtype)
-        return _clamp(_leaky_relu_with_gain(x + self.bias.to(x.dtype)[None, :, None, None]), self.conv_clamp)
+            x = x + noise * (self.noise_strength * LEAKY_RELU_GAIN).to(x.dtype)
+        bias = (self.bias * LEAKY_RELU_GAIN).to(x.dtype)[None, :, None, None]
+        return _clamp(F.leaky_relu(x + bias, LEAKY_RELU_SLOPE), self.conv_clamp)
 
 
 class ToImage(nn.Module):
@@ -677,17 +708,31 @@ class DiscriminatorBlock(nn.Module):
         super().__init__()
         _check_choice("downsampling", downsampling, DOWNSAMPLING)
         self.conv0 = EqualizedConv2d(in_channels, in_channels, 3, activation=True, conv_clamp=conv_clamp)
+        # The 1/sqrt(2) of the sum rides on both branches' weights (and their clamp bounds, as NVlabs' clamp at
+        # conv_clamp * sqrt(0.5) after the scaling), sparing a multiply of the sum in forward and backward.
         self.conv1 = EqualizedConv2d(
-            in_channels, out_channels, 3, activation=True, downsample=downsampling, conv_clamp=conv_clamp
+            in_channels,
+            out_channels,
+            3,
+            activation=True,
+            downsample=downsampling,
+            conv_clamp=conv_clamp,
+            output_gain=RESIDUAL_GAIN,
         )
         self.skip = EqualizedConv2d(
-            in_channels, out_channels, 1, bias=False, downsample=downsampling, conv_clamp=conv_clamp
+            in_channels,
+            out_channels,
+            1,
+            bias=False,
+            downsample=downsampling,
+            conv_clamp=conv_clamp,
+            output_gain=RESIDUAL_GAIN,
         )
         self.in_fp32 = in_fp32
 
     @_fp32_under_fp16_autocast("in_fp32")
     def forward(self, x: Tensor) -> Tensor:
-        return (self.skip(x) + self.conv1(self.conv0(x))) * RESIDUAL_GAIN
+        return self.skip(x) + self.conv1(self.conv0(x))
 
 
 class StyleGAN2Discriminator(nn.Module):
