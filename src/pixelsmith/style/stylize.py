@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
-import os
 import sys
 import time
 import warnings
@@ -31,9 +30,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
-from PIL import Image
 from torch import nn
 
 from pixelsmith.core.precision import AUTOCAST_DTYPES
@@ -42,13 +39,20 @@ from pixelsmith.style.data import (
     ImageNotFoundError,
     ImageReadError,
     load_style_image,
-    read_image,
 )
 from pixelsmith.style.loss_network import RandomLossNetworkWeightsWarning, VGGFeatures
 from pixelsmith.style.networks import ADAIN_ENCODER_LAYERS, AdaINDecoder, AdaINNet, TransformerNet
-from pixelsmith.style.tiling import StageTimes, stylize_tiled
-
-ALPHA_FORMATS = {".png", ".webp", ".tif", ".tiff"}
+from pixelsmith.style.pipeline import (
+    JPEG_CODECS,
+    MIN_SIDE,
+    FolderSummary,
+    PipelineOptions,
+    default_workers,
+    make_pool,
+    network_flops_per_pixel,
+    run_pipeline,
+)
+from pixelsmith.style.tiling import StageTimes
 
 
 class CheckpointFormatError(RuntimeError):
@@ -156,9 +160,6 @@ def prepare_stylizer(
 # -------------------------------------------------------------------------------------------------- paths
 
 
-MIN_SIDE = 16  # smallest image side (and tile) the stylizers' padding and downsampling handle
-
-
 class SkippedImagesError(StylizeInputError):
     """A folder run finished but some files could not be read; `written` and `skipped` list both."""
 
@@ -189,29 +190,6 @@ def plan_outputs(inputs: Path, output: Path) -> list[tuple[Path, Path]]:
     if not files:
         raise StylizeInputError(f"No images ({', '.join(IMAGE_EXTENSIONS)}) found in {inputs.resolve()}.")
     return [(file, output / file.relative_to(inputs)) for file in files]
-
-
-def save_image(rgb: np.ndarray, alpha: np.ndarray | None, path: Path, icc_profile: bytes | None) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    if alpha is not None and path.suffix.lower() not in ALPHA_FORMATS:
-        warnings.warn(
-            f"{path}: {path.suffix} cannot store transparency; the alpha channel was dropped.", stacklevel=2
-        )
-        alpha = None
-    image = Image.fromarray(rgb, "RGB")
-    if alpha is not None:
-        image.putalpha(Image.fromarray(alpha, "L"))
-    options: dict[str, Any] = {"icc_profile": icc_profile} if icc_profile else {}
-    if path.suffix.lower() in (".jpg", ".jpeg"):
-        options.update(quality=95, subsampling=0)
-    # Written next to its name and renamed: an interrupted run never leaves a half image that overwrite=false
-    # would then take for done.
-    partial = path.with_name(f".{path.name}.partial")
-    try:
-        image.save(partial, format=Image.registered_extensions().get(path.suffix.lower()), **options)
-        os.replace(partial, path)
-    finally:
-        partial.unlink(missing_ok=True)
 
 
 # ------------------------------------------------------------------------------------------------ stylize
@@ -259,6 +237,10 @@ def stylize_paths(
     memory_fraction: float = 0.9,
     prefetch: bool = True,
     times: StageTimes | None = None,
+    workers: int | None = None,
+    png_compress_level: int = 6,
+    jpeg_codec: str = "auto",
+    summary_out: list[FolderSummary] | None = None,
 ) -> list[Path]:
     """Stylize one image file or every image under a folder; returns the written files.
 
@@ -266,9 +248,13 @@ def stylize_paths(
     tile/overlap/tile_batch/thumbnail/memory_fraction: see `tiling.stylize_tiled` (tile="auto" picks the largest
     tile the free memory holds, the whole image when it fits). precision: 32-true | bf16-mixed | 16-mixed.
     high_bit_depth: convert | refuse. transparency: keep | drop | refuse.
-    prefetch: with a folder, decode the next file and encode the previous one in background threads while the
-    network runs on the current one (Pillow releases the GIL while it decodes and encodes).
+    prefetch: with a folder, decode upcoming files and encode finished ones in codec worker processes while the
+    network runs (`pipeline.run_pipeline`); false: one stage after the other in this process.
+    workers: codec processes (default: this process's cores, less one on a CPU device; 0: inline).
+    png_compress_level: 0-9 for PNG outputs. jpeg_codec: auto (the device's nvJPEG on CUDA, Pillow otherwise) | pil
+    | torchvision (torchvision's decode_jpeg/encode_jpeg on the run's device, libjpeg-turbo on a CPU).
     times: filled with the seconds per stage (decode, copy in, network, blend, copy out, encode).
+    summary_out: receives the run's `FolderSummary` (images/s, FLOPs, MFU, failures).
     """
     if transparency not in ("keep", "drop", "refuse"):
         raise StylizeInputError(f"transparency={transparency!r}; choose keep, drop or refuse.")
@@ -292,115 +278,128 @@ def stylize_paths(
         raise StylizeInputError(
             f"memory_fraction={memory_fraction} must be in (0, 1] (the share of free memory)."
         )
-    device = resolve_device(device)
+    if not 0 <= png_compress_level <= 9:
+        raise StylizeInputError(
+            f"png_compress_level={png_compress_level} must be in 0..9 (0: none, 9: smallest)."
+        )
+    if jpeg_codec not in JPEG_CODECS:
+        raise StylizeInputError(f"jpeg_codec={jpeg_codec!r}; choose one of {', '.join(JPEG_CODECS)}.")
     stylizer = prepare_stylizer(model, style, alpha, style_size)
-    pairs = [(s, t) for s, t in plan_outputs(Path(inputs), Path(output)) if overwrite or not t.exists()]
-    single_input = Path(inputs).is_file()  # one file: its error is the run's; in a folder it is skipped
-    times = times if times is not None else StageTimes()
-    written: list[Path] = []
-    skipped: list[Path] = []
+    pairs = plan_outputs(Path(inputs), Path(output))
+    summary = stylize_shard(
+        stylizer,
+        pairs,
+        resolve_device(device),
+        PipelineOptions(
+            tile=tile,
+            overlap=overlap,
+            tile_batch=tile_batch,
+            thumbnail=thumbnail,
+            precision=precision,
+            transparency=transparency,
+            high_bit_depth=high_bit_depth,
+            memory_fraction=memory_fraction,
+            png_compress_level=png_compress_level,
+            jpeg_codec=jpeg_codec,
+        ),
+        overwrite=overwrite,
+        workers=workers if workers is not None else (None if prefetch else 0),
+        progress=progress,
+        times=times,
+        single_input=Path(inputs).is_file(),
+    )
+    if summary_out is not None:
+        summary_out.append(summary)
+    if summary.failed:
+        raise SkippedImagesError([Path(p) for p in summary.written], [Path(p) for p in summary.failed])
+    return [Path(p) for p in summary.written]
 
-    def decode(source: Path) -> tuple[Any, float]:
-        start = time.perf_counter()
-        try:
-            image = read_image(source, keep_alpha=transparency != "drop", high_bit_depth=high_bit_depth)
-        except ImageReadError as error:
-            return error, time.perf_counter() - start
-        return image, time.perf_counter() - start
 
-    def encode(result: np.ndarray, image: Any, target: Path) -> float:
-        start = time.perf_counter()
-        save_image(result, image.alpha, target, image.icc_profile)
-        return time.perf_counter() - start
+def stylize_shard(
+    stylizer: nn.Module,
+    pairs: list[tuple[Path, Path]],
+    device: str | torch.device,
+    options: PipelineOptions,
+    *,
+    overwrite: bool = True,
+    workers: int | None = None,
+    progress: bool = True,
+    times: StageTimes | None = None,
+    single_input: bool = False,
+    rank: int = 0,
+    world_size: int = 1,
+) -> FolderSummary:
+    """One device's share of a job: the pairs `rank::world_size` (sorted input order, so every file goes to exactly
+    one rank), those already written skipped when `overwrite` is false, through `pipeline.run_pipeline`.
+    workers: codec processes (None: `default_workers`, 0: inline). single_input: a failure is raised, not recorded."""
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        Progress,
+        TextColumn,
+        TimeElapsedColumn,
+        TimeRemainingColumn,
+    )
 
-    from concurrent.futures import ThreadPoolExecutor
+    device = torch.device(device)
+    shard = pairs[rank::world_size]
+    todo = [(s, t) for s, t in shard if overwrite or not t.exists()]
+    if workers is None:
+        workers = default_workers(device, world_size) if len(todo) > 1 else 0
+    columns = (
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TextColumn("{task.fields[rate]}"),
+        TimeElapsedColumn(),
+        TextColumn("left"),
+        TimeRemainingColumn(),
+    )
+    failures: list = []
+    start = time.perf_counter()
+    pool = make_pool(workers)  # before the network touches the device: the workers fork from a clean server
+    try:
+        flops_per_pixel = network_flops_per_pixel(stylizer) if todo else 0.0
+        with Progress(*columns, disable=not progress, transient=False) as bar:
+            label = "images" if world_size == 1 else f"images (rank {rank} of {world_size}, {device})"
+            files_task = bar.add_task(label, total=len(todo), visible=len(todo) > 1, rate="")
+            tiles_task = bar.add_task("tiles", total=None, visible=False, rate="")
 
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
-    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
-    background = prefetch and len(pairs) > 1
-    with (
-        Progress(*columns, disable=not progress, transient=False) as bar,
-        ThreadPoolExecutor(max_workers=2 if background else 1) as pool,
-    ):
-        files_task = bar.add_task("images", total=len(pairs), visible=len(pairs) > 1)
-        next_decode = pool.submit(decode, pairs[0][0]) if background and pairs else None
-        pending_encode = None
-        try:
-            for index, (source, target) in enumerate(pairs):
-                if next_decode is not None:
-                    image, seconds = next_decode.result()
-                    # Decode the next file while this one is stylized (bounded: one file ahead).
-                    following = pairs[index + 1][0] if index + 1 < len(pairs) else None
-                    next_decode = pool.submit(decode, following) if following is not None else None
-                else:
-                    image, seconds = decode(source)
-                times.decode += seconds
-                try:
-                    if isinstance(image, ImageReadError):
-                        raise image
-                    if image.alpha is not None and transparency == "refuse":
-                        raise ImageReadError(
-                            f"{source} has an alpha channel and transparency=refuse; use keep or drop."
-                        )
-                    height, width = image.rgb.shape[:2]
-                    if min(height, width) < MIN_SIDE:
-                        raise ImageReadError(
-                            f"{source} is {width}x{height}: too small to stylize (at least {MIN_SIDE} px a side)."
-                        )
-                except ImageReadError as error:
-                    if single_input:
-                        raise
-                    # One bad file must not abort a folder: report it, go on, and say so at the end.
-                    print(f"skipped: {error}", file=sys.stderr)
-                    skipped.append(source)
-                    bar.advance(files_task)
-                    continue
-                tiles_task = bar.add_task(
-                    f"{source.name} {image.rgb.shape[1]}x{image.rgb.shape[0]}", total=None
-                )
-
-                def on_tiles_done(done: int, total: int, task=tiles_task) -> None:
-                    bar.update(task, completed=done, total=total)
-
-                result = stylize_tiled(
-                    stylizer,
-                    image.rgb,
-                    tile=tile,
-                    overlap=overlap,
-                    batch_size=tile_batch,
-                    thumbnail_size=thumbnail,
-                    precision=precision,
-                    device=device,
-                    on_tiles_done=on_tiles_done,
-                    memory_fraction=memory_fraction,
-                    times=times,
-                )
-                del image.rgb  # the input buffer is not needed while encoding the output
-                if pending_encode is not None:
-                    times.encode += pending_encode.result()  # at most one file waits to be encoded
-                    pending_encode = None
-                if background:
-                    pending_encode = pool.submit(encode, result, image, target)
-                else:
-                    times.encode += encode(result, image, target)
-                bar.remove_task(tiles_task)
+            def on_image_done(source: Path, target: Path | None) -> None:
                 bar.advance(files_task)
-                written.append(target)
-        except BaseException:
-            if (
-                pending_encode is not None
-                and pending_encode.done()
-                and pending_encode.exception() is not None
-            ):
-                # The error being raised wins, but a failed background write is said too, not lost.
-                print(f"error: writing an image also failed: {pending_encode.exception()}", file=sys.stderr)
-            raise
-        if pending_encode is not None:
-            times.encode += pending_encode.result()
-    if skipped:
-        raise SkippedImagesError(written, skipped)
-    return written
+                done = bar.tasks[files_task].completed
+                bar.update(files_task, rate=f"{done / max(time.perf_counter() - start, 1e-9):.2f} img/s")
+
+            def on_tiles_done(done: int, total: int) -> None:
+                bar.update(tiles_task, completed=done, total=total, visible=total > 1)
+
+            summary = run_pipeline(
+                stylizer,
+                todo,
+                device,
+                options,
+                pool,
+                times=times,
+                on_image_done=on_image_done,
+                on_tiles_done=on_tiles_done,
+                failures=failures,
+            )
+    finally:
+        if pool is not None:
+            pool.shutdown(wait=True, cancel_futures=True)
+    if single_input and failures:
+        raise failures[0].error
+    summary.existing = len(shard) - len(todo)
+    summary.flops_per_pixel = flops_per_pixel
+    if summary.written:
+        from pixelsmith.perf.flops import device_peak_flops
+
+        try:
+            peak, key, source = device_peak_flops(device, options.precision)
+        except Exception as error:  # noqa: BLE001  (MFU is a report, never a reason to fail a finished job)
+            peak, key, source = None, "", f"no peak: {error}"
+        summary.peak_flops, summary.peak_source = peak, f"{key} peak: {source}"
+    return summary
 
 
 # ---------------------------------------------------------------------------------------------------- CLI

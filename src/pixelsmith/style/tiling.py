@@ -376,12 +376,15 @@ def read_tile(image: np.ndarray, y: int, x: int, height: int, width: int) -> Ten
     return torch.from_numpy(np.array(patch)).permute(2, 0, 1).float().div_(255.0)  # np.array: a writable copy
 
 
-def make_thumbnail(image: np.ndarray, max_side: int, multiple: int = 1) -> Tensor:
+def make_thumbnail(image: np.ndarray | Tensor, max_side: int, multiple: int = 1) -> Tensor:
     """(1, 3, h, w) float32 thumbnail with max(h, w) ~ max_side (sides multiples of `multiple`); the whole image
     when it is already that small. Box-averages in row bands first so a huge image is never converted to float
-    whole (a 7680x4320 float copy would be 400 MB)."""
+    whole (a 7680x4320 float copy would be 400 MB). A uint8 (H, W, 3) tensor (decoded on the device) is reduced
+    where it lives, with the same box average and resize."""
     height, width = image.shape[:2]
     scale = max_side / max(height, width)
+    if isinstance(image, Tensor):
+        return _make_thumbnail_tensor(image, scale, multiple)
     if scale >= 1.0:
         return torch.from_numpy(np.array(image)).permute(2, 0, 1).unsqueeze(0).float().div_(255.0)
     factor = max(1, int(1.0 / scale))  # box-average to just above the target size, then an antialiased resize
@@ -397,6 +400,25 @@ def make_thumbnail(image: np.ndarray, max_side: int, multiple: int = 1) -> Tenso
     tensor = torch.from_numpy(reduced).permute(2, 0, 1).unsqueeze(0).div_(255.0)
     return F.interpolate(
         tensor, size=(target_h, target_w), mode="bilinear", antialias=True, align_corners=False
+    )
+
+
+def _make_thumbnail_tensor(image: Tensor, scale: float, multiple: int) -> Tensor:
+    height, width = image.shape[:2]
+    if scale >= 1.0:
+        return image.permute(2, 0, 1).unsqueeze(0).float().div_(255.0)
+    factor = max(1, int(1.0 / scale))
+    reduced_h, reduced_w = height // factor, width // factor
+    reduced = torch.empty((1, 3, reduced_h, reduced_w), dtype=torch.float32, device=image.device)
+    rows_per_band = max(1, 32 // factor) * factor
+    for y in range(0, reduced_h * factor, rows_per_band):
+        band = image[y : min(y + rows_per_band, reduced_h * factor), : reduced_w * factor]
+        band = band.permute(2, 0, 1).unsqueeze(0).float()
+        reduced[:, :, y // factor : y // factor + band.shape[2] // factor] = F.avg_pool2d(band, factor)
+    target_h = max(multiple, round(height * scale / multiple) * multiple)
+    target_w = max(multiple, round(width * scale / multiple) * multiple)
+    return F.interpolate(
+        reduced.div_(255.0), size=(target_h, target_w), mode="bilinear", antialias=True, align_corners=False
     )
 
 
@@ -422,7 +444,7 @@ def read_tile_tensor(image: Tensor, y: int, x: int, height: int, width: int) -> 
 @torch.inference_mode()
 def stylize_tiled(
     model: nn.Module,
-    image: np.ndarray,
+    image: np.ndarray | Tensor,
     *,
     tile: int | str = 512,
     overlap: int = 64,
@@ -437,8 +459,13 @@ def stylize_tiled(
     memory_fraction: float = 0.9,
     budget_bytes: int | None = None,
     times: StageTimes | None = None,
-) -> np.ndarray:
+    return_tensor: bool = False,
+) -> np.ndarray | Tensor:
     """Stylize an (H, W, 3) uint8 image of any size with overlapping tiles; returns (H, W, 3) uint8.
+
+    image: a numpy array, or a uint8 tensor (decoded on the device by nvJPEG: the device pipeline then skips the
+      copy in). return_tensor: return the result as a tensor where the pipeline left it (on the device for
+      pipeline="device": encoded there by nvJPEG, no copy out) instead of a numpy array.
 
     model: one-input stylizer, float (B, 3, h, w) in [0, 1] -> same size (TransformerNet, AdaINNet.bind_style(...)).
       It is put in eval mode and moved to `device` (and channels_last) in place.
@@ -452,7 +479,7 @@ def stylize_tiled(
       from the numpy image one by one (bounded host memory); "auto" = device on CUDA, host otherwise.
     on_tiles_done(done, total): progress callback after every batch. times: filled with the stages' seconds.
     """
-    if image.ndim != 3 or image.shape[2] != 3 or image.dtype != np.uint8:
+    if image.ndim != 3 or image.shape[2] != 3 or image.dtype not in (np.uint8, torch.uint8):
         raise ValueError(f"Expected an (H, W, 3) uint8 array, got shape {image.shape} dtype {image.dtype}.")
     multiple = int(getattr(model, "size_multiple", 1))
     height, width = image.shape[:2]
@@ -465,6 +492,8 @@ def stylize_tiled(
         pipeline = "device" if device.type == "cuda" else "host"
     if pipeline not in ("device", "host"):
         raise ValueError(f"pipeline={pipeline!r}: choose auto, device or host.")
+    if isinstance(image, Tensor) and pipeline == "host":
+        image = image.cpu().numpy()
     memory_format = torch.channels_last if channels_last else torch.contiguous_format
     model.eval().to(device=device, memory_format=memory_format)
     whole = False
@@ -488,7 +517,10 @@ def stylize_tiled(
         sum_x = window_sum(xs, [w.cpu() for w in windows_x], padded_w).to(work)
 
         with times.stage("copy_in", sync):
-            if pipeline == "device":
+            if pipeline == "device" and isinstance(image, Tensor):
+                source = image.to(device)  # decoded on the device already: nothing to copy
+                output = torch.empty((height, width, 3), dtype=torch.uint8, device=device)
+            elif pipeline == "device":
                 source = torch.from_numpy(image)
                 if device.type == "cuda":
                     source = source.pin_memory()
@@ -547,7 +579,9 @@ def stylize_tiled(
                             band[:, :carried] = band[:, finished:].clone()
                         band[:, carried:] = 0.0
         if pipeline == "host":
-            return output_array
+            return torch.from_numpy(output_array) if return_tensor else output_array
+        if return_tensor:
+            return output
         with times.stage("copy_out", sync):
             return output.cpu().numpy()
 

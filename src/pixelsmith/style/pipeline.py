@@ -1,0 +1,486 @@
+"""The stylize pipeline for one device: decode | network | encode, overlapped through bounded queues.
+
+Per image: decode the file, run the tiled network (`tiling.stylize_tiled`), encode the result. The network runs in
+this process on its device; decoding and encoding run beside it:
+- JPEG on a CUDA device (`jpeg_codec=auto`, or `torchvision` anywhere): torchvision's `decode_jpeg`/`encode_jpeg`,
+  which are nvJPEG on CUDA, so the pixels never cross PCIe as raw RGB (an 8K frame is 100 MB raw, ~5 MB as JPEG).
+  Why torchvision and not TorchCodec, which torchvision 0.29 points to: TorchCodec's image API needs FFmpeg
+  libraries on the machine and has no device JPEG *encoder*; torchvision's functions are still there in 0.29 and
+  ship with the torch stack the template already needs. When torchvision removes them, this file is the only place
+  to change. Two reported faults are worked around: the CUDA decoder's output is used only after the current stream
+  has finished it (pytorch/vision#9606), and CUDA encodes run on this process's main thread only, never from a
+  thread pool (#9060, corrupt output under threads). A JPEG the device decoder refuses (CMYK, progressive
+  oddities) is decoded on the host instead, and the run says so once.
+- Every other format (and JPEG on a CPU device): Pillow in a pool of `workers` processes (default: the cores this
+  device's process has, less one on a CPU device, whose network uses them). PNG output takes a compression level
+  (`png_compress_level`, 0-9; 1 encodes an 8K frame several times faster than Pillow's default 6, for ~10-20%
+  larger files).
+
+At most `depth` decoded images wait for the network and `depth` results wait for their encoder, so memory is
+bounded whatever the folder's size. Writes are atomic (a hidden `.partial` file renamed into place), so a killed
+run leaves only whole images and `overwrite=false` redoes just the missing ones. A file that fails at any stage is
+recorded with its reason and the run goes on; `FolderSummary.failed` names them all.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import sys
+import time
+import warnings
+from collections import deque
+from collections.abc import Callable
+from concurrent.futures import Future, ProcessPoolExecutor
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from PIL import Image
+from torch import Tensor, nn
+
+from pixelsmith.style.data import ImageData, ImageReadError, read_image
+from pixelsmith.style.tiling import StageTimes, stylize_tiled
+
+ALPHA_FORMATS = {".png", ".webp", ".tif", ".tiff"}
+JPEG_SUFFIXES = (".jpg", ".jpeg")
+JPEG_QUALITY = 95
+MIN_SIDE = 16  # smallest image side (and tile) the stylizers' padding and downsampling handle
+JPEG_CODECS = ("auto", "pil", "torchvision")
+
+
+# ------------------------------------------------------------------------------------------------- encoding
+
+
+def save_image(
+    rgb: np.ndarray,
+    alpha: np.ndarray | None,
+    path: Path,
+    icc_profile: bytes | None,
+    png_compress_level: int = 6,
+) -> None:
+    """Write an image with Pillow, atomically (written next to its name, then renamed)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if alpha is not None and path.suffix.lower() not in ALPHA_FORMATS:
+        warnings.warn(
+            f"{path}: {path.suffix} cannot store transparency; the alpha channel was dropped.", stacklevel=2
+        )
+        alpha = None
+    image = Image.fromarray(rgb, "RGB")
+    if alpha is not None:
+        image.putalpha(Image.fromarray(alpha, "L"))
+    options: dict[str, Any] = {"icc_profile": icc_profile} if icc_profile else {}
+    if path.suffix.lower() in JPEG_SUFFIXES:
+        options.update(quality=JPEG_QUALITY, subsampling=0)
+    elif path.suffix.lower() == ".png":
+        options.update(compress_level=png_compress_level)
+    # An interrupted run never leaves a half image that overwrite=false would then take for done.
+    partial = path.with_name(f".{path.name}.partial")
+    try:
+        image.save(partial, format=Image.registered_extensions().get(path.suffix.lower()), **options)
+        os.replace(partial, path)
+    finally:
+        partial.unlink(missing_ok=True)
+
+
+def write_bytes_atomically(data: bytes, path: Path) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    partial = path.with_name(f".{path.name}.partial")
+    try:
+        partial.write_bytes(data)
+        os.replace(partial, path)
+    finally:
+        partial.unlink(missing_ok=True)
+
+
+ICC_MARKER_PAYLOAD = (
+    65519  # an APP2 segment holds 65533 bytes: 14 of them the "ICC_PROFILE\0" tag and counters
+)
+
+
+def jpeg_with_icc_profile(jpeg: bytes, icc_profile: bytes | None) -> bytes:
+    """Insert an ICC profile into JPEG bytes as APP2 "ICC_PROFILE" segments (the ICC spec's embedding, what Pillow
+    writes), right after the SOI/APP0 header: torchvision's encoder has no option for it."""
+    if not icc_profile:
+        return jpeg
+    chunks = [icc_profile[i : i + ICC_MARKER_PAYLOAD] for i in range(0, len(icc_profile), ICC_MARKER_PAYLOAD)]
+    segments = b"".join(
+        b"\xff\xe2"
+        + (len(chunk) + 16).to_bytes(2, "big")
+        + b"ICC_PROFILE\x00"
+        + bytes([index + 1, len(chunks)])
+        + chunk
+        for index, chunk in enumerate(chunks)
+    )
+    insert_at = 2  # after SOI
+    if jpeg[2:4] == b"\xff\xe0":  # keep JFIF's APP0 first, as readers expect
+        insert_at = 4 + int.from_bytes(jpeg[4:6], "big")
+    return jpeg[:insert_at] + segments + jpeg[insert_at:]
+
+
+def _quiet_torchvision_io():
+    # torchvision 0.29 warns on every decode_jpeg/encode_jpeg call that TorchCodec replaces them (see the docstring).
+    context = warnings.catch_warnings()
+    context.__enter__()
+    warnings.filterwarnings("ignore", message=".*(deprecat|TorchCodec).*")
+    return context
+
+
+def decode_jpeg_on_device(source: Path, device: torch.device) -> Tensor:
+    """(H, W, 3) uint8 on `device`: nvJPEG on CUDA, libjpeg-turbo on a CPU, EXIF orientation applied."""
+    from torchvision.io import ImageReadMode, decode_jpeg, read_file
+
+    data = read_file(str(source))
+    context = _quiet_torchvision_io()
+    try:
+        image = decode_jpeg(data, mode=ImageReadMode.RGB, device=device, apply_exif_orientation=True)
+    finally:
+        context.__exit__(None, None, None)
+    if device.type == "cuda":
+        torch.cuda.current_stream(device).synchronize()  # pytorch/vision#9606: wait for the decoder's stream
+    if image.shape[0] != 3:
+        raise ImageReadError(f"{source}: decoded to {image.shape[0]} channels, not RGB")
+    return image.permute(1, 2, 0)
+
+
+def encode_jpeg_on_device(result: Tensor, target: Path, icc_profile: bytes | None) -> None:
+    """Encode an (H, W, 3) uint8 tensor where it is (nvJPEG on CUDA) and write it atomically. Main thread only."""
+    from torchvision.io import encode_jpeg
+
+    context = _quiet_torchvision_io()
+    try:
+        encoded = encode_jpeg(result.permute(2, 0, 1).contiguous(), quality=JPEG_QUALITY)
+    finally:
+        context.__exit__(None, None, None)
+    write_bytes_atomically(jpeg_with_icc_profile(encoded.cpu().numpy().tobytes(), icc_profile), target)
+
+
+# --------------------------------------------------------------------------------------- worker functions
+
+
+def decode_on_host(
+    source: Path, keep_alpha: bool, high_bit_depth: str
+) -> tuple[ImageData | ImageReadError, float, list[tuple[str, type[Warning]]]]:
+    """Run in a worker process: (image or the error, seconds, warnings raised) — nothing is raised across."""
+    start = time.perf_counter()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        try:
+            image: ImageData | ImageReadError = read_image(
+                source, keep_alpha=keep_alpha, high_bit_depth=high_bit_depth
+            )
+        except ImageReadError as error:
+            image = error
+    return image, time.perf_counter() - start, [(str(w.message), w.category) for w in caught]
+
+
+def encode_on_host(
+    rgb: np.ndarray,
+    alpha: np.ndarray | None,
+    icc_profile: bytes | None,
+    target: Path,
+    png_compress_level: int,
+) -> tuple[float, list[tuple[str, type[Warning]]]]:
+    start = time.perf_counter()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        save_image(rgb, alpha, target, icc_profile, png_compress_level)
+    return time.perf_counter() - start, [(str(w.message), w.category) for w in caught]
+
+
+def rewarn(caught: list[tuple[str, type[Warning]]]) -> None:
+    """Warnings a worker process recorded, raised again here, where the caller's filters and tests see them."""
+    for message, category in caught:
+        warnings.warn(message, category, stacklevel=3)
+
+
+def default_workers(device: torch.device, processes: int = 1) -> int:
+    """Codec worker processes for one device's pipeline: its share of the cores, less one where the network runs
+    on those cores too."""
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        cores = os.cpu_count() or 1
+    share = max(1, cores // max(1, processes))
+    return max(1, share - 1) if device.type == "cpu" else share
+
+
+def make_pool(workers: int) -> ProcessPoolExecutor | None:
+    """A codec pool (None: decode and encode inline). Workers come from a fork server: started before this process
+    grew threads or a CUDA context, so forking it is safe, and far cheaper per worker than spawning."""
+    if workers <= 0:
+        return None
+    method = "forkserver" if sys.platform.startswith("linux") else "spawn"
+    context = multiprocessing.get_context(method)
+    if method == "forkserver":
+        context.set_forkserver_preload(["pixelsmith.style.pipeline"])
+    return ProcessPoolExecutor(max_workers=workers, mp_context=context)
+
+
+# --------------------------------------------------------------------------------------------- the summary
+
+
+@dataclass
+class FolderSummary:
+    """What a run (one device's shard, or all of them merged) did; JSON-serialisable for merging across ranks."""
+
+    devices: list[str] = field(default_factory=list)
+    written: list[str] = field(default_factory=list)
+    existing: int = 0  # outputs already there with overwrite=false: not redone
+    failed: dict[str, str] = field(default_factory=dict)  # source -> reason
+    pixels: int = 0  # of the written images
+    wall_seconds: float = 0.0  # the slowest device's, for a merged summary
+    stage_seconds: dict[str, float] = field(default_factory=dict)
+    flops_per_pixel: float = 0.0  # the network's, counted once (FlopCounterMode on a probe)
+    peak_flops: float | None = None  # the devices' peak together, for MFU
+    peak_source: str = ""
+    notes: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def merge(cls, parts: list[dict[str, Any]] | list[FolderSummary]) -> FolderSummary:
+        parts = [p if isinstance(p, FolderSummary) else FolderSummary(**p) for p in parts]
+        merged = cls()
+        for part in parts:
+            merged.devices += part.devices
+            merged.written += part.written
+            merged.existing += part.existing
+            merged.failed.update(part.failed)
+            merged.pixels += part.pixels
+            merged.wall_seconds = max(merged.wall_seconds, part.wall_seconds)
+            for name, seconds in part.stage_seconds.items():
+                merged.stage_seconds[name] = merged.stage_seconds.get(name, 0.0) + seconds
+            merged.flops_per_pixel = merged.flops_per_pixel or part.flops_per_pixel
+            if part.peak_flops is not None:
+                merged.peak_flops = (merged.peak_flops or 0.0) + part.peak_flops
+            merged.peak_source = merged.peak_source or part.peak_source
+            merged.notes += [n for n in part.notes if n not in merged.notes]
+        return merged
+
+    def lines(self) -> list[str]:
+        done = len(self.written)
+        devices = ", ".join(self.devices) or "no device"
+        wall = max(self.wall_seconds, 1e-9)
+        lines = [
+            f"stylized {done} image(s) on {len(self.devices)} device(s) ({devices}) in {self.wall_seconds:.1f} s: "
+            f"{done / wall:.2f} images/s, {self.pixels / wall / 1e6:.1f} megapixels/s"
+        ]
+        if self.existing:
+            lines.append(f"already there (overwrite=false): {self.existing} image(s), not redone")
+        if done and self.flops_per_pixel:
+            flops = self.flops_per_pixel * self.pixels
+            achieved = flops / wall
+            network_seconds = self.stage_seconds.get("network", 0.0) / max(1, len(self.devices))
+            line = (
+                f"network: {flops / done / 1e12:.3f} TFLOP per image (mean), {achieved / 1e12:.3f} TFLOP/s "
+                f"over the run, {flops / max(network_seconds, 1e-9) / 1e12:.3f} TFLOP/s while it ran"
+            )
+            if self.peak_flops:
+                line += f"; MFU {achieved / self.peak_flops:.1%} of {self.peak_flops / 1e12:.1f} TFLOP/s ({self.peak_source})"
+            else:
+                line += f"; no MFU ({self.peak_source or 'no peak known'})"
+            lines.append(line)
+        if self.stage_seconds:
+            stages = ", ".join(f"{k.replace('_', ' ')} {v:.2f} s" for k, v in self.stage_seconds.items())
+            lines.append(f"time per stage (summed over devices and codec workers, which overlap): {stages}")
+        lines += self.notes
+        if self.failed:
+            lines.append(f"FAILED: {len(self.failed)} file(s), the others were written:")
+            lines += [f"  {source}: {reason}" for source, reason in sorted(self.failed.items())]
+        return lines
+
+
+def network_flops_per_pixel(stylizer: nn.Module, probe_side: int = 128) -> float:
+    """FLOPs of one forward per input pixel (convolutions scale with pixels), counted on a small probe."""
+    from pixelsmith.perf.flops import count_flops
+
+    parameter = next(stylizer.parameters(), None)
+    device = parameter.device if parameter is not None else torch.device("cpu")
+    multiple = int(getattr(stylizer, "size_multiple", 1))
+    side = max(multiple, probe_side // max(1, multiple) * max(1, multiple))
+    probe = torch.rand(1, 3, side, side, device=device)
+    with torch.inference_mode():
+        return count_flops(lambda: stylizer(probe)) / (side * side)
+
+
+# ---------------------------------------------------------------------------------------------- the pipeline
+
+
+@dataclass
+class PipelineOptions:
+    tile: int | str = "auto"
+    overlap: int = 64
+    tile_batch: int = 4
+    thumbnail: int = 1024
+    precision: str = "32-true"
+    transparency: str = "keep"
+    high_bit_depth: str = "convert"
+    memory_fraction: float = 0.9
+    png_compress_level: int = 6
+    jpeg_codec: str = "auto"
+
+
+@dataclass
+class _Failure:
+    source: Path
+    error: BaseException
+
+
+def run_pipeline(
+    stylizer: nn.Module,
+    pairs: list[tuple[Path, Path]],
+    device: torch.device,
+    options: PipelineOptions,
+    pool: ProcessPoolExecutor | None,
+    *,
+    depth: int = 2,
+    times: StageTimes | None = None,
+    on_image_done: Callable[[Path, Path | None], None] | None = None,
+    on_tiles_done: Callable[[int, int], None] | None = None,
+    failures: list[_Failure] | None = None,
+) -> FolderSummary:
+    """Stylize `pairs` (source, target) on `device`; returns this device's summary. `failures` (optional) receives
+    each failed file with its exception, for callers that re-raise (a single input file)."""
+    times = times if times is not None else StageTimes()
+    device_jpeg = options.jpeg_codec == "torchvision" or (
+        options.jpeg_codec == "auto" and device.type == "cuda"
+    )
+    keep_alpha = options.transparency != "drop"
+    summary = FolderSummary(devices=[str(device)])
+    start = time.perf_counter()
+    waiting: deque[tuple[Path, Path, Any]] = deque()  # (source, target, Future | result | "device")
+    encoding: deque[tuple[Path, Path, Future]] = deque()
+    upcoming = iter(pairs)
+    noted: set[str] = set()
+
+    def note(message: str) -> None:
+        if message not in noted:
+            noted.add(message)
+            summary.notes.append(message)
+            print(message, file=sys.stderr)
+
+    pixels_of: dict[str, int] = {}
+
+    def fail(source: Path, error: BaseException, counted: bool = False) -> None:
+        summary.failed[str(source)] = f"{type(error).__name__}: {error}"
+        if failures is not None:
+            failures.append(_Failure(source, error))
+        print(f"failed: {source}: {error}", file=sys.stderr)
+        if on_image_done is not None and not counted:
+            on_image_done(source, None)
+
+    def queue_next() -> None:
+        pair = next(upcoming, None)
+        if pair is None:
+            return
+        source, target = pair
+        if device_jpeg and source.suffix.lower() in JPEG_SUFFIXES:
+            waiting.append((source, target, "device"))  # decoded on the device when its turn comes
+        elif pool is None:
+            waiting.append((source, target, decode_on_host(source, keep_alpha, options.high_bit_depth)))
+        else:
+            waiting.append(
+                (source, target, pool.submit(decode_on_host, source, keep_alpha, options.high_bit_depth))
+            )
+
+    def finish_oldest_encode() -> None:
+        source, target, future = encoding.popleft()
+        try:
+            seconds, messages = future.result()
+        except Exception as error:  # noqa: BLE001  (a write that failed: named, the rest go on)
+            fail(source, error, counted=True)
+            summary.written.remove(str(target))
+            summary.pixels -= pixels_of.pop(str(target), 0)
+            return
+        times.encode += seconds
+        rewarn(messages)
+
+    for _ in range(depth if pool is not None else 1):
+        queue_next()
+    while waiting:
+        source, target, pending = waiting.popleft()
+        queue_next()  # keep `depth` decodes in flight while this image is stylized
+        icc_profile = None
+        try:
+            if pending == "device":
+                decode_start = time.perf_counter()
+                try:
+                    pixels: np.ndarray | Tensor = decode_jpeg_on_device(source, device)
+                    alpha = None
+                    with Image.open(source) as header:  # the colour profile: the device decoder drops it
+                        icc_profile = header.info.get("icc_profile")
+                except (RuntimeError, ImageReadError) as error:
+                    note(
+                        f"note: the device JPEG decoder refused {source.name} ({error}); decoded on the host instead"
+                    )
+                    image, _, messages = decode_on_host(source, keep_alpha, options.high_bit_depth)
+                    rewarn(messages)
+                    if isinstance(image, ImageReadError):
+                        raise image from None
+                    pixels, alpha, icc_profile = image.rgb, image.alpha, image.icc_profile
+                times.decode += time.perf_counter() - decode_start
+            else:
+                image, seconds, messages = pending.result() if isinstance(pending, Future) else pending
+                times.decode += seconds
+                rewarn(messages)
+                if isinstance(image, ImageReadError):
+                    raise image
+                if image.alpha is not None and options.transparency == "refuse":
+                    raise ImageReadError(
+                        f"{source} has an alpha channel and transparency=refuse; use keep or drop."
+                    )
+                pixels, alpha, icc_profile = image.rgb, image.alpha, image.icc_profile
+            height, width = pixels.shape[:2]
+            if min(height, width) < MIN_SIDE:
+                raise ImageReadError(
+                    f"{source} is {width}x{height}: too small to stylize (at least {MIN_SIDE} px a side)."
+                )
+            encode_on_device = device_jpeg and target.suffix.lower() in JPEG_SUFFIXES and alpha is None
+            result = stylize_tiled(
+                stylizer,
+                pixels,
+                tile=options.tile,
+                overlap=options.overlap,
+                batch_size=options.tile_batch,
+                thumbnail_size=options.thumbnail,
+                precision=options.precision,
+                device=device,
+                on_tiles_done=on_tiles_done,
+                memory_fraction=options.memory_fraction,
+                times=times,
+                return_tensor=encode_on_device,
+            )
+            del pixels
+            if encode_on_device:
+                encode_start = time.perf_counter()
+                encode_jpeg_on_device(result, target, icc_profile)  # this thread: pytorch/vision#9060
+                times.encode += time.perf_counter() - encode_start
+            else:
+                if isinstance(result, Tensor):
+                    result = result.cpu().numpy()
+                while len(encoding) >= depth:
+                    finish_oldest_encode()
+                arguments = (result, alpha, icc_profile, target, options.png_compress_level)
+                if pool is None:
+                    seconds, messages = encode_on_host(*arguments)
+                    times.encode += seconds
+                    rewarn(messages)
+                else:
+                    encoding.append((source, target, pool.submit(encode_on_host, *arguments)))
+            summary.written.append(str(target))
+            summary.pixels += height * width
+            pixels_of[str(target)] = height * width
+            if on_image_done is not None:
+                on_image_done(source, target)
+        except (ImageReadError, OSError, ValueError, RuntimeError) as error:
+            # One bad file must not abort a folder: recorded, named in the summary, the exit status says so.
+            fail(source, error)
+    while encoding:
+        finish_oldest_encode()
+    summary.wall_seconds = time.perf_counter() - start
+    summary.stage_seconds = {name: round(value, 4) for name, value in asdict(times).items()}
+    return summary
