@@ -248,7 +248,7 @@ def test_one_unreadable_file_in_a_folder_is_skipped_reported_and_the_rest_writte
     err = capsys.readouterr().err
     assert code == 1  # finished, but not every file: a script can tell
     assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["a.png", "c.png"]
-    assert "b.jpg" in err and "tiny.png" in err and "1x1: too small" in err and "2 unreadable file(s)" in err
+    assert "b.jpg" in err and "tiny.png" in err and "1x1: too small" in err and "FAILED: 2 file(s)" in err
     assert "Traceback" not in err
 
 

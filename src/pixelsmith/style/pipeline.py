@@ -276,8 +276,8 @@ class FolderSummary:
             achieved = flops / wall
             network_seconds = self.stage_seconds.get("network", 0.0) / max(1, len(self.devices))
             line = (
-                f"network: {flops / done / 1e12:.3f} TFLOP per image (mean), {achieved / 1e12:.3f} TFLOP/s "
-                f"over the run, {flops / max(network_seconds, 1e-9) / 1e12:.3f} TFLOP/s while it ran"
+                f"network: {_flops(flops / done)} per image (mean), {_flops(achieved)}/s over the run, "
+                f"{_flops(flops / max(network_seconds, 1e-9))}/s while it ran"
             )
             if self.peak_flops:
                 line += f"; MFU {achieved / self.peak_flops:.1%} of {self.peak_flops / 1e12:.1f} TFLOP/s ({self.peak_source})"
@@ -286,12 +286,19 @@ class FolderSummary:
             lines.append(line)
         if self.stage_seconds:
             stages = ", ".join(f"{k.replace('_', ' ')} {v:.2f} s" for k, v in self.stage_seconds.items())
-            lines.append(f"time per stage (summed over devices and codec workers, which overlap): {stages}")
+            lines.append(f"time per stage: {stages} (summed over devices and codec workers, which overlap)")
         lines += self.notes
         if self.failed:
-            lines.append(f"FAILED: {len(self.failed)} file(s), the others were written:")
+            lines.append(f"FAILED: {len(self.failed)} file(s) could not be read or written; the others were:")
             lines += [f"  {source}: {reason}" for source, reason in sorted(self.failed.items())]
         return lines
+
+
+def _flops(value: float) -> str:
+    for unit, scale in (("TFLOP", 1e12), ("GFLOP", 1e9), ("MFLOP", 1e6)):
+        if value >= scale:
+            return f"{value / scale:.1f} {unit}"
+    return f"{value:.0f} FLOP"
 
 
 def network_flops_per_pixel(stylizer: nn.Module, probe_side: int = 128) -> float:
