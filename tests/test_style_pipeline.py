@@ -288,3 +288,13 @@ def test_a_killed_job_rerun_with_overwrite_false_does_only_the_missing_files(che
     for name, mtime in done_before.items():
         assert (tmp_path / "out" / name).stat().st_mtime_ns == mtime  # not redone
     assert not list((tmp_path / "out").glob(".*.partial"))
+
+
+def test_format_writes_a_folder_in_another_format_and_refuses_unknown_ones(checkpoint, tmp_path, capsys):
+    path, _ = checkpoint
+    names = make_folder(tmp_path / "in", 2)
+    args = [f"ckpt_path={path}", f"input={tmp_path / 'in'}", f"output={tmp_path / 'out'}", "tile=32", "overlap=8"]
+    assert main([*args, "progress=false", "device=cpu", "format=jpg", "workers=0"]) == 0
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == [n.replace(".png", ".jpg") for n in names]
+    assert main([*args, "format=gif"]) == 2
+    assert "format=gif: choose same or one of jpg, jpeg, png" in capsys.readouterr().err

@@ -174,8 +174,19 @@ def _is_image(path: Path) -> bool:
     return path.suffix.lower() in IMAGE_EXTENSIONS
 
 
-def plan_outputs(inputs: Path, output: Path) -> list[tuple[Path, Path]]:
-    """(input file, output file) pairs: file -> file (or into a folder), folder -> folder (tree mirrored)."""
+def plan_outputs(inputs: Path, output: Path, output_format: str = "same") -> list[tuple[Path, Path]]:
+    """(input file, output file) pairs: file -> file (or into a folder), folder -> folder (tree mirrored).
+    output_format: "same" keeps each input's extension in a folder; png, jpg, webp, ... writes that format."""
+    if output_format != "same":
+        suffix = "." + output_format.lower().lstrip(".")
+        if suffix not in IMAGE_EXTENSIONS:
+            raise StylizeInputError(
+                f"format={output_format}: choose same or one of {', '.join(e[1:] for e in IMAGE_EXTENSIONS)}."
+            )
+        return [
+            (s, t if t.suffix.lower() == suffix else t.with_suffix(suffix))
+            for s, t in plan_outputs(inputs, output)
+        ]
     if not inputs.exists():
         raise ImageNotFoundError(f"Input not found: {inputs} (resolved: {inputs.resolve()}).")
     if inputs.is_file():
@@ -431,6 +442,7 @@ class StylizeOptions:
     workers: int | str = "auto"
     png_compress_level: int = 6
     jpeg_codec: str = "auto"
+    format: str = "same"
     export_dir: str | None = None
     export_formats: str = "torchscript,onnx"
 
@@ -476,6 +488,7 @@ Options (key=value, defaults in brackets):
   devices         N | all: one process per device (cuda:0..N-1; with device=cpu, N CPU processes), the
                   files split between them; torchrun --nproc-per-node N works too [1]
   workers         codec worker processes per device, or auto: the cores per device, less one on a CPU [auto]
+  format          same | png | jpg | webp ...: the output format of a folder's images [same]
   png_compress_level  0-9 for PNG outputs: 1 is several times faster than 6 for ~15% larger files [6]
   jpeg_codec      auto | pil | torchvision: JPEG decoded and encoded on the device (nvJPEG) with auto on a
                   GPU, with Pillow in the workers otherwise [auto]
@@ -539,7 +552,7 @@ def run_job(options: StylizeOptions, device: str, rank: int = 0, world_size: int
         workers = 0
     return stylize_shard(
         stylizer,
-        plan_outputs(Path(options.input), Path(options.output)),
+        plan_outputs(Path(options.input), Path(options.output), options.format),
         resolve_device(device),
         PipelineOptions(
             tile=tile,
@@ -567,7 +580,7 @@ def _run_devices(options: StylizeOptions) -> int:
 
     # Checked once here, before any process starts: a bad value is one line, not N tracebacks.
     stylize_paths_checks(options)
-    plan_outputs(Path(options.input), Path(options.output))
+    plan_outputs(Path(options.input), Path(options.output), options.format)
     ranked = torchrun_rank()
     if ranked is not None:
         rank, world, local_rank = ranked

@@ -1,0 +1,39 @@
+"""The folder benchmark (`benchmarks/stylize_folder.py`) runs ours and the peer loop side by side and prints a table
+whose ratio column is ours / peer."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from benchmarks import stylize_folder
+
+pytestmark = pytest.mark.bench
+
+
+def test_the_folder_bench_prints_ours_and_the_peer_per_size_and_format(capsys):
+    tiny = [
+        "--sizes",
+        "96x64",
+        "--images",
+        "2",
+        "--repeats",
+        "1",
+        "--base-channels",
+        "4",
+        "--residual-blocks",
+        "1",
+    ]
+    assert stylize_folder.main([*tiny, "--formats", "png", "jpg", "--device", "cpu"]) == 0
+    out = capsys.readouterr().out
+    rows = re.findall(r"\| 96x64 \| (png|jpg) \| ([\d.]+) \| ([\d.]+) \| ([\d.]+)x \|", out)
+    assert [r[0] for r in rows] == ["png", "jpg"], out
+    for _, ours, peer, ratio in rows:
+        assert float(ours) > 0 and float(peer) > 0
+        assert float(ratio) == pytest.approx(float(ours) / float(peer), abs=0.01)
+
+
+def test_sizes_are_named_or_given_as_width_x_height():
+    assert stylize_folder.parse_size("8k") == ("8K", 7680, 4320)
+    assert stylize_folder.parse_size("640x360") == ("640x360", 640, 360)
