@@ -293,8 +293,36 @@ def test_a_killed_job_rerun_with_overwrite_false_does_only_the_missing_files(che
 def test_format_writes_a_folder_in_another_format_and_refuses_unknown_ones(checkpoint, tmp_path, capsys):
     path, _ = checkpoint
     names = make_folder(tmp_path / "in", 2)
-    args = [f"ckpt_path={path}", f"input={tmp_path / 'in'}", f"output={tmp_path / 'out'}", "tile=32", "overlap=8"]
+    args = [
+        f"ckpt_path={path}",
+        f"input={tmp_path / 'in'}",
+        f"output={tmp_path / 'out'}",
+        "tile=32",
+        "overlap=8",
+    ]
     assert main([*args, "progress=false", "device=cpu", "format=jpg", "workers=0"]) == 0
     assert sorted(p.name for p in (tmp_path / "out").iterdir()) == [n.replace(".png", ".jpg") for n in names]
     assert main([*args, "format=gif"]) == 2
     assert "format=gif: choose same or one of jpg, jpeg, png" in capsys.readouterr().err
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (pytest -m gpu on a GPU machine)")
+def test_gpu_folder_with_nvjpeg_matches_pillow_and_uses_every_device(checkpoint, tmp_path, capsys):
+    """On CUDA: JPEG decoded and encoded by nvJPEG equals the Pillow path in luma; devices=all shards the folder."""
+    path, _ = checkpoint
+    folder = tmp_path / "in"
+    folder.mkdir()
+    for index in range(4):
+        Image.fromarray(photo(1920, 1080, index)).save(folder / f"{index}.jpg", quality=92)
+    common = [f"ckpt_path={path}", f"input={folder}", "progress=false", "device=cuda", "precision=bf16-mixed"]
+    assert main([*common, f"output={tmp_path / 'nvjpeg'}", "jpeg_codec=auto", "devices=all"]) == 0
+    out = capsys.readouterr().out
+    assert f"on {torch.cuda.device_count()} device(s)" in out and "MFU" in out
+    assert main([*common, f"output={tmp_path / 'pil'}", "jpeg_codec=pil"]) == 0
+    for index in range(4):
+        luma = [
+            np.asarray(Image.open(tmp_path / kind / f"{index}.jpg").convert("L"), dtype=int)
+            for kind in ("nvjpeg", "pil")
+        ]
+        assert np.abs(luma[0] - luma[1]).mean() < 2.0
