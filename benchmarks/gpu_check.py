@@ -839,6 +839,8 @@ NO_SYNC_COMMON = [
 def stage_style(args, env: Environment, report: StageReport, deadline: Deadline) -> None:
     _style_stylize(args, env, report, deadline)
     report.write()
+    _style_folder(args, env, report, deadline)
+    report.write()
     _style_training(args, env, report, deadline)
     report.write()
     _style_no_sync(args, env, report, deadline)
@@ -881,6 +883,47 @@ def _style_stylize(args, env, report, deadline) -> None:
         )
     plans = sorted({plan for result in results.values() for plan in result["plan"]})
     report.add(step=name, measure="tile plan", value="; ".join(plans) or "not said", status="info")
+
+
+# Issue 24's folder targets on one H100-class GPU: 8K images per second by output format.
+FOLDER_TARGETS = {"jpg": 20.0, "png": 3.0}
+
+
+def _style_folder(args, env, report, deadline) -> None:
+    """`benchmarks.stylize_folder` at 8K to JPEG and PNG (ours and fast_neural_style's loop), with the targets."""
+    size = "128x96" if env.dry_run else "8K"
+    name = f"stylize folder {size} (pipeline vs fast_neural_style)"
+    timeout = deadline.timeout_for(args.step_limit)
+    if timeout is None:
+        report.add(step=name, measure="all", value="skipped: no time left", status="skip")
+        return
+    command = [sys.executable, "-m", "benchmarks.stylize_folder", "--sizes", size, "--formats", "jpg", "png"]
+    command += ["--images", "2" if env.dry_run else "8", "--repeats", "1", "--device", env.device]
+    if env.dry_run:
+        command += ["--base-channels", "4", "--residual-blocks", "1"]
+    outcome = run_bounded(command, timeout, report.work / "stylize_folder.log")
+    rows = re.findall(
+        r"^\| (\S+) \| (jpg|png) \| ([\d.]+) \| ([\d.na]+) \| ([\d.na]+)x \| ([\d.]+) \| ([\d.na%]+) \|$",
+        outcome.output,
+        flags=re.MULTILINE,
+    )
+    if not outcome.ok or not rows:
+        report.add(
+            step=name,
+            measure="all",
+            value=outcome.problem(),
+            status="timeout" if outcome.timed_out else "fail",
+        )
+        return
+    for _label, fmt, ours, peer, ratio, tflops, mfu in rows:
+        target = FOLDER_TARGETS[fmt]
+        report.add(
+            step=f"{name} -> {fmt.upper()}",
+            measure="images/s ours / peer (ratio); TFLOP/s, MFU",
+            value=f"{ours} / {peer} ({ratio}x); {tflops} TFLOP/s, MFU {mfu}; target >= {target:g} 8K/s: "
+            + ("met" if float(ours) >= target else "not met"),
+            status="ok" if env.dry_run or float(ours) >= target else "fail",
+        )
 
 
 def _style_training(args, env, report, deadline) -> None:
