@@ -371,7 +371,10 @@ def test_the_style_stage_stylizes_for_real_and_tables_training_and_the_no_sync_r
         }  # fmt: skip
         assert stylized["data"]["stages"]["network"] > 0 and "network" in stylized["value"]
     assert "256x144 on cpu: the whole image" in rows["stylize 256x144 (tile=auto, 32-true)"]["value"]
-    for fmt in ("JPG", "PNG"):  # the folder benchmark ran for real, ours and the peer loop, with its target named
+    for fmt in (
+        "JPG",
+        "PNG",
+    ):  # the folder benchmark ran for real, ours and the peer loop, with its target named
         folder = rows[f"stylize folder 128x96 (pipeline vs fast_neural_style) -> {fmt}"]
         assert folder["status"] == "ok" and "target >= " in folder["value"] and "TFLOP/s" in folder["value"]
     assert rows["style training 64 px b2 32-true, template"]["value"] == 12.5

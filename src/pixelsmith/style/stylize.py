@@ -278,9 +278,9 @@ def stylize_paths(
         )
     if high_bit_depth not in ("convert", "refuse"):
         raise StylizeInputError(f"high_bit_depth={high_bit_depth!r}; choose convert or refuse.")
-    if precision not in AUTOCAST_DTYPES:
+    if precision != "auto" and precision not in AUTOCAST_DTYPES:
         raise StylizeInputError(
-            f"precision={precision!r} is unknown; choose one of {', '.join(AUTOCAST_DTYPES)}."
+            f"precision={precision!r} is unknown; choose auto or one of {', '.join(AUTOCAST_DTYPES)}."
         )
     for name, value, least in (("tile_batch", tile_batch, 1), ("thumbnail", thumbnail, 16)):
         if value < least:
@@ -430,7 +430,7 @@ class StylizeOptions:
     overlap: int = 64
     tile_batch: int = 4
     thumbnail: int = 1024
-    precision: str = "32-true"
+    precision: str = "auto"
     device: str = "auto"
     high_bit_depth: str = "convert"
     transparency: str = "keep"
@@ -475,7 +475,8 @@ Options (key=value, defaults in brackets):
   overlap         pixels shared by neighbouring tiles, blended smoothly [64]
   tile_batch      tiles processed together; higher is faster on a GPU, uses more memory [4]
   thumbnail       longest side of the preview the colour statistics come from [1024]
-  precision       32-true | bf16-mixed | 16-mixed (16-mixed: GPU only in practice) [32-true]
+  precision       auto | 32-true | bf16-mixed | 16-mixed: auto is bf16-mixed where the device has native bf16
+                  (a GPU; a CPU with AVX512-BF16/AMX), else 32-true [auto]
   device          auto | cpu | cuda | cuda:1 ... [auto]
   high_bit_depth  convert | refuse: 16-bit images are reduced to 8-bit with a warning, or refused [convert]
   transparency    keep | drop | refuse: PNG/WebP/TIFF keep the alpha channel of the input (the colours
@@ -606,9 +607,9 @@ def stylize_paths_checks(options: StylizeOptions) -> None:
         )
     if options.jpeg_codec not in JPEG_CODECS:
         raise StylizeInputError(f"jpeg_codec={options.jpeg_codec!r}; choose one of {', '.join(JPEG_CODECS)}.")
-    if options.precision not in AUTOCAST_DTYPES:
+    if options.precision != "auto" and options.precision not in AUTOCAST_DTYPES:
         raise StylizeInputError(
-            f"precision={options.precision!r} is unknown; choose one of {', '.join(AUTOCAST_DTYPES)}."
+            f"precision={options.precision!r} is unknown; choose auto or one of {', '.join(AUTOCAST_DTYPES)}."
         )
     for name, value, least in (("tile_batch", options.tile_batch, 1), ("thumbnail", options.thumbnail, 16)):
         if value < least:

@@ -221,9 +221,11 @@ def window_sum(starts: list[int], windows: list[Tensor], length: int) -> Tensor:
 
 # --------------------------------------------------------------------------------------------- tile planning
 
-# Memory a CPU run may give the tiles in flight (network activations of one tile batch) when tile="auto": with the
-# uint8 input and output of an 8K image (100 MB each) and the interpreter, peak RSS stays well under 3 GB.
-CPU_TILE_BUDGET_BYTES = 1 << 30
+# Memory a CPU run may give the tiles in flight (network activations of one tile batch) when tile="auto": 2 GiB
+# takes a 2K frame whole (TransformerNet 32/5: ~830 bytes per pixel, 1.8 GB), as one forward with no overlap and no
+# thumbnail pass (1.6x fewer FLOPs than 512-px tiles); larger images tile at CPU_MAX_AUTO_TILE, and with the uint8
+# input and output of an 8K image (100 MB each) and the interpreter, peak RSS stays under 3 GB.
+CPU_TILE_BUDGET_BYTES = 2 << 30
 # A CPU gains nothing from tiles larger than this (2 cores, TransformerNet 32/5, one run each: a 4K image took
 # 30.7 s in 836-px tiles vs 26.5 s in 512-px ones; 2K 7.5 s vs 9.4 s), so tile="auto" on a CPU stops here unless the
 # whole image fits the budget.
