@@ -33,6 +33,7 @@ from torchvision.utils import make_grid
 from pixelsmith.core.config import OptimizerConfig, as_config
 from pixelsmith.core.module import CoreSettings, IterationResult, OptimizerDefinition, TrainingCore
 from pixelsmith.errors import PixelsmithError
+from pixelsmith.metrics.gram import gram_matrix
 from pixelsmith.style.config import (
     AdaINDecoderConfig,
     LossNetConfig,
@@ -47,7 +48,6 @@ from pixelsmith.style.data import (
     load_style_images,
     read_image,
 )
-from pixelsmith.style.gram import gram_matrix
 from pixelsmith.style.loss_network import DEFAULT_LAYERS, VGGFeatures, layer_names
 from pixelsmith.style.losses import AdaINLoss, PerceptualStyleLoss
 from pixelsmith.style.networks import ADAIN_ENCODER_LAYERS, AdaINDecoder, AdaINNet, TransformerNet
