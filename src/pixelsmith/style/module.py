@@ -15,7 +15,7 @@ losses are float32 (`style/losses.py`). Checkpoints follow the contract of `styl
 model's VGG is not saved (it is 4x the stylizer): it is rebuilt from the config on resume.
 
 Fixed validation pairs (the first `validation.num_pairs` content images, center-cropped, each with a style in turn)
-feed `sample_grid()` (rows content | style | result) and `pixelsmith.callbacks.style_validation.StyleValidation`.
+feed `sample_grid()` (rows content | style | result) and `pixelsmith.style.validation.StyleValidation`.
 """
 
 from __future__ import annotations
