@@ -95,6 +95,14 @@ class StyleTransferModule(TrainingCore):
     sample grids and the hooks the StyleValidation callback calls."""
 
     trained_network = ""  # the name of the single optimizer and network (set by subclasses)
+    # What evaluate.py says to do with such a checkpoint instead of measuring it (it measures generators).
+    evaluate_instead = (
+        "This is a style-transfer checkpoint: apply it to photos with `python stylize.py ckpt_path={ckpt_path} "
+        "input=<photo or folder> output=<file or folder>`; its validation metrics (content LPIPS, style loss) are "
+        "in the training run's metrics.csv."
+    )
+    # The step-time breakdown's rows: stylizer and loss-network forward, then the backward split at the stylized image.
+    breakdown_phases = ("style_fwd", "loss_fwd", "loss_bwd", "style_bwd")
 
     def __init__(
         self,
