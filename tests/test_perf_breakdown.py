@@ -124,3 +124,25 @@ def test_breakdown_outputs_and_scalars(breakdown_run):
         float(r[f"perf/share/{p}"]) for r in metrics if r.get("perf/share/D_bwd") for p in ("G_fwd", "D_bwd")
     ]
     assert all(0 < s < 1 for s in shares)
+
+
+def test_rows_put_the_models_declared_phases_between_the_loops_own():
+    """The model's `breakdown_phases` order its rows (general code names no model's phases); a phase it recorded
+    without declaring follows them, in the order it appeared."""
+    from pixelsmith.perf.breakdown import ordered_labels
+
+    labels = [
+        "other_loop",
+        "opt_step",
+        "b",
+        "undeclared",
+        "a",
+        "h2d",
+        "data_wait",
+        "other_in_step",
+        "ema",
+        "total",
+    ]
+    assert ordered_labels(labels, ("a", "b", "never_recorded")) == [
+        *("data_wait", "h2d", "a", "b", "undeclared", "opt_step", "ema", "other_in_step", "other_loop")
+    ]
