@@ -21,15 +21,17 @@ PACKAGE = "pixelsmith"
 # Bottom to top. A part may import parts of lower layers only (never its own layer's, never a higher one's).
 LAYERS: list[tuple[str, ...]] = [
     # no Pixelsmith import at all (choices: the schemas' choice fields)
-    ("errors", "hashing", "launch", "choices", "stylegan2_auto"),
+    # (parts: finds the optional model parts at run time, by their part.py, without importing them by name)
+    ("errors", "hashing", "launch", "choices", "stylegan2_auto", "parts"),
     ("paths",),  # where the config tree and data live
     ("core",),  # the training core (loop bookkeeping, optimizers, precision, strategies) and its schemas
     ("hardware_config",),  # the hardware/precision/strategy schemas
     ("hardware",),  # profiles -> the one runtime plan
     ("builders",),  # plan, core settings, datamodule and model from the composed config
     ("augment", "data", "perf"),  # augmentation, data modules, the performance hooks training uses
-    ("gan", "style"),  # the models
-    ("metrics",),  # evaluation: reads the data, reuses the style loss's Gram matrix
+    ("metrics",),  # evaluation: reads the data; the Gram matrix the style loss imports
+    # The optional model parts (MODEL_PARTS): leaves that only they import, so a fork deletes one with no other edit.
+    ("gan", "style"),
     ("callbacks", "loggers", "report", "run_dir", "optuna_report"),
     ("resume",),  # the checks before a resume, the command that resumes (reads run_dir's marker)
     ("config",),  # the root schema: registers every part's schema (each beside its code), validates ranges
@@ -37,6 +39,10 @@ LAYERS: list[tuple[str, ...]] = [
     ("evaluate", "entry"),
     ("cli", PACKAGE),  # installed entry points; the package's own __init__
 ]
+
+# The optional parts (README "Removing a part"): no other part imports them (general code reaches them through
+# `pixelsmith.parts`, `_target_` paths in the config tree and the model object), and they do not import each other.
+MODEL_PARTS = ("gan", "style")
 
 # Edges that break the layering, each with the change that removes it (none today: keep it that way). An entry whose
 # import is gone fails `test_allow_list_has_no_stale_entries`: delete it then.
@@ -193,7 +199,7 @@ def test_the_rules_the_layers_stand_for():
     forbidden = {
         "core": {"perf", "train", "gan", "style", "callbacks", "data", "metrics"},
         "data": {"metrics"},
-        "style": {"metrics"},
+        "metrics": set(MODEL_PARTS),
         "errors": {part for layer in LAYERS for part in layer} - {"errors"},
         # the schemas' choice fields and the part schemas import no training code
         "choices": {part for layer in LAYERS for part in layer} - {"choices"},
@@ -207,6 +213,20 @@ def test_the_rules_the_layers_stand_for():
         if b in forbidden.get(a, ())
     ]
     assert not broken, "forbidden imports:\n" + "\n".join(broken)
+
+
+def test_no_general_part_imports_a_model_part():
+    """Deleting `src/pixelsmith/<part>/` (README "Removing a part") must leave every other module importable."""
+    layered = {part for layer in LAYERS for part in layer}
+    assert set(MODEL_PARTS) <= layered
+    broken = [
+        f"{a} -> {b}: {', '.join(places)}"
+        for (a, b), places in sorted(_edges()[0].items())
+        if b in MODEL_PARTS and a != b
+    ]
+    assert not broken, "imports of an optional model part (use pixelsmith.parts or a _target_ instead):\n" + (
+        "\n".join(broken)
+    )
 
 
 def test_nothing_in_the_package_imports_the_benchmarks():

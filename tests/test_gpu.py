@@ -2,9 +2,9 @@
 
 It trains every GPU path of the README for a few iterations with the hardware profiles' own defaults (compile and
 channels_last included): each profile (auto, v100, a100, h100) in each precision, each strategy (auto, ddp and fsdp
-on one GPU), each model (DCGAN, StyleGAN2 with lazy R1 through ADA and DiffAugment, style_fast, style_adain), each
-compile mode (default, reduce-overhead and max-autotune, which must then run as CUDA graphs), with sample grids and
-FID evaluation between iterations; then `evaluate.py` and `stylize.py device=cuda` on the results, and a memory
+on one GPU), each model (DCGAN, StyleGAN2 with lazy R1 through ADA and DiffAugment; the style models' cases are in
+test_style_gpu.py), each compile mode (default, reduce-overhead and max-autotune, which must then run as CUDA
+graphs), with sample grids and FID evaluation between iterations; then `evaluate.py` on the results, and a memory
 check. Every run must compile its own graphs (counted for that run alone, `tests/compile_counts.py`) and has no time
 budget (a cold compile can take minutes). Budget: under 10 minutes on one H100 (most of it torch.compile; inductor's on-disk cache makes
 a second run faster).
@@ -124,19 +124,6 @@ GAN_CASES = {
         "hardware.cuda_graphs=false",
     ],
 }
-STYLE_CASES = {
-    "style_fast": ["experiment=style_fast"],
-    "style_fast-16-mixed": ["experiment=style_fast", "precision=16-mixed"],
-    "style_adain": ["experiment=style_adain"],
-    "style_fast-reduce-overhead": [
-        "experiment=style_fast",
-        "hardware.compile_mode=reduce-overhead",
-        "hardware.cuda_graphs=false",
-    ],
-}
-
-
-OFFLINE_STYLE = ["model.loss_net.pretrained=false"]  # no VGG weights on the test machines (LPIPS follows it)
 
 
 def _on_device(overrides: list[str]) -> list[str]:
@@ -201,13 +188,7 @@ def test_gan_trains_on_the_gpu(case, tmp_path):
     ]
 
 
-@pytest.mark.parametrize("case", list(STYLE_CASES))
-def test_style_model_trains_on_the_gpu(case, tmp_path):
-    _train([*STYLE_CASES[case], *OFFLINE_STYLE], tmp_path / "run")
-
-
-def test_evaluate_and_stylize_run_on_cuda(tmp_path):
-    device = "cpu" if ON_CPU else "cuda"
+def test_evaluate_runs_on_cuda(tmp_path):
     gan = tmp_path / "gan"
     _train(["hardware=auto"], gan)
     result = run_cli(
@@ -223,29 +204,6 @@ def test_evaluate_and_stylize_run_on_cuda(tmp_path):
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     report = json.loads((tmp_path / "evaluation" / "metrics.json").read_text())
     assert math.isfinite(report["metrics"]["fid"])
-
-    style = tmp_path / "style"
-    _train(["experiment=style_fast", *OFFLINE_STYLE], style)
-    from PIL import Image
-
-    from pixelsmith.paths import DATA_DIR
-    from pixelsmith.style.stylize import main as stylize
-
-    photo = DATA_DIR / "style" / "content" / "chelsea.jpg"
-    for precision in ("32-true", "bf16-mixed"):
-        output = tmp_path / f"stylized_{precision}.png"
-        code = stylize(
-            [
-                f"ckpt_path={style / 'checkpoints' / 'last.ckpt'}",
-                f"input={photo}",
-                f"output={output}",
-                f"device={device}",
-                f"precision={precision}",
-                "tile=128",
-                "overlap=16",
-            ]
-        )
-        assert code == 0 and Image.open(output).size == Image.open(photo).size
 
 
 @pytest.mark.skipif(ON_CPU, reason="CUDA memory counters")
@@ -270,7 +228,6 @@ SYNC_FREE_CASES = {
     "auto": ["hardware=auto"],
     "auto-16-mixed": ["hardware=auto", "precision=16-mixed"],
     "stylegan2-ada-r1": [*SMALL["stylegan2"], "hardware=auto", "augment=ada", "augment.initial_p=0.5"],
-    "style_fast": [*STYLE_CASES["style_fast"], *OFFLINE_STYLE],
 }
 
 
@@ -278,11 +235,15 @@ SYNC_FREE_CASES = {
 def test_iterations_that_log_nothing_never_synchronise(case, tmp_path, monkeypatch):
     """`torch.cuda.set_sync_debug_mode("error")` (train.host_sync_check=error) on every iteration that logs nothing,
     with the profile's compile, fused Adam, EMA, lazy R1 (every 2nd iteration) through ADA and the schedule."""
+    assert_quiet_iterations_never_synchronise(SYNC_FREE_CASES[case], tmp_path, monkeypatch)
+
+
+def assert_quiet_iterations_never_synchronise(overrides: list[str], tmp_path, monkeypatch) -> None:
     if ON_CPU:  # the GPU code path of ADA (no row selection by nonzero())
         from pixelsmith.augment import ada
 
         monkeypatch.setattr(ada, "_warp_selected_rows_only", lambda device: False)
-    cfg = _config(SYNC_FREE_CASES[case], tmp_path / "run")
+    cfg = _config(overrides, tmp_path / "run")
     cfg.max_steps = 9
     cfg.train.log_every_n_steps = 4
     cfg.train.host_sync_check = "error"
@@ -296,155 +257,13 @@ def test_iterations_that_log_nothing_never_synchronise(case, tmp_path, monkeypat
     assert metrics["iteration"] == 9
 
 
-# ---- 8K stylize with tile=auto, and a real out-of-memory halving (issue 21, point 5) ----------------------------
-# The CPU dry run stylizes 1024x576 and simulates the out-of-memory error: a CPU has no allocator cap to run into.
-STYLIZE_SIZE = (1024, 576) if ON_CPU else (7680, 4320)
-STYLIZE_DEVICE = "cpu" if ON_CPU else "cuda"
-# The cap for the halving test: far below what the 8K image takes in one pass (≈ 12 GB for TransformerNet 32/5 in
-# fp32), above what the tile batch of 960-px tiles takes with the image on the device (≈ 1.5 GB).
-HALVING_CAP_BYTES = 3 << 30
-# The CPU dry run's stand-in for that cap: a forward pass larger than this a side "runs out of memory".
-SIMULATED_LIMIT_SIDE = 512
-
-
-def _synthetic_photo(path, size):
-    """Smooth colour fields plus grain, saved as a JPEG: it stylizes like a photo, not like white noise."""
-    import numpy as np
-    from PIL import Image
-
-    width, height = size
-    rng = np.random.default_rng(0)
-    coarse = rng.integers(0, 256, (height // 120 + 2, width // 120 + 2, 3), dtype=np.uint8)
-    image = np.asarray(Image.fromarray(coarse).resize((width, height), Image.Resampling.BICUBIC)).astype(
-        np.int16
-    )
-    image += rng.integers(-12, 13, image.shape, dtype=np.int16)
-    Image.fromarray(np.clip(image, 0, 255).astype(np.uint8)).save(path, quality=92)
-    return path
-
-
-def _stylizer():
-    from pixelsmith.style.networks import TransformerNet
-
-    torch.manual_seed(0)
-    return TransformerNet(
-        base_channels=32
-    ).eval()  # Johnson's width; random weights cost what trained ones do
-
-
-def _tiling_messages(caplog, part: str) -> list[str]:
-    return [
-        r.getMessage()
-        for r in caplog.records
-        if r.name == "pixelsmith.style.tiling" and part in r.getMessage()
-    ]
-
-
-def test_8k_stylize_with_auto_tiles_writes_png_and_jpeg_of_the_input_size(tmp_path, caplog):
-    """`stylize.py device=cuda tile=auto` on a 7680x4320 photo, to PNG and to JPEG: the plan fits the free memory
-    (no retry), the outputs have the input's size, and every stage of the device pipeline is timed."""
-    import logging
-
-    import numpy as np
-    from PIL import Image
-
-    from pixelsmith.style.stylize import stylize_paths
-    from pixelsmith.style.tiling import StageTimes
-
-    source = _synthetic_photo(tmp_path / "photo.jpg", STYLIZE_SIZE)
-    model = _stylizer()
-    caplog.set_level(logging.INFO, logger="pixelsmith.style.tiling")
-    for suffix in (".png", ".jpg"):
-        times = StageTimes()
-        (written,) = stylize_paths(
-            model, source, tmp_path / f"out{suffix}", device=STYLIZE_DEVICE, progress=False, times=times
-        )
-        with Image.open(written) as result:
-            assert result.size == STYLIZE_SIZE and result.mode == "RGB"
-            assert np.asarray(result).std() > 1  # a picture, not a flat fill
-        assert min(times.decode, times.network, times.blend, times.encode) > 0, times
-        if not ON_CPU:  # the device pipeline: the image goes to the GPU once and comes back once
-            assert times.copy_in > 0 and times.copy_out > 0, times
-    plans = _tiling_messages(caplog, "tile=auto for")
-    assert len(plans) == 2 and all(
-        f"{STYLIZE_SIZE[0]}x{STYLIZE_SIZE[1]} on {STYLIZE_DEVICE}" in p for p in plans
-    )
-    assert _tiling_messages(caplog, "ran out of memory") == []
-
-
-def test_8k_stylize_halves_an_auto_tile_that_runs_out_of_memory_under_the_memory_fraction(
-    tmp_path, caplog, monkeypatch
-):
-    """`hardware.memory_fraction` caps the process's CUDA allocator at 3 GB, while tile=auto plans from the
-    device's free memory (the whole 8K image on an 80 GB GPU): a real out-of-memory error, then halved tiles
-    until they fit. The result has the input's size and is the image a run with the final tile size gives."""
-    import logging
-    import re
-
-    import numpy as np
-    from PIL import Image
-
-    from pixelsmith.builders import build_plan
-    from pixelsmith.hardware import apply_plan
-    from pixelsmith.style.tiling import stylize_tiled
-
-    with Image.open(_synthetic_photo(tmp_path / "photo.jpg", STYLIZE_SIZE)) as opened:
-        image = np.asarray(opened.convert("RGB")).copy()
-    model = _stylizer()
-    options = {"device": STYLIZE_DEVICE, "thumbnail_size": SIMULATED_LIMIT_SIDE if ON_CPU else 1024}
-    overrides = ["hardware=auto", "train.time_budget_minutes=null"]
-    if ON_CPU:
-        original = model.forward
-
-        def forward(x):
-            if max(x.shape[-2:]) > SIMULATED_LIMIT_SIDE:
-                raise torch.OutOfMemoryError("CUDA out of memory (simulated by the CPU dry run)")
-            return original(x)
-
-        monkeypatch.setattr(model, "forward", forward)
-    else:
-        fraction = HALVING_CAP_BYTES / torch.cuda.get_device_properties(0).total_memory
-        overrides.append(f"hardware.memory_fraction={fraction:.6f}")
-    caplog.set_level(logging.INFO, logger="pixelsmith.style.tiling")
-    try:
-        apply_plan(build_plan(_config(overrides, tmp_path / "run")))  # what a run with this profile sets
-        if not ON_CPU:
-            torch.cuda.empty_cache()  # memory earlier tests left cached would count against the cap
-        halved = stylize_tiled(model, image, tile="auto", **options)
-    finally:
-        if not ON_CPU:
-            torch.cuda.set_per_process_memory_fraction(1.0)
-            torch.cuda.empty_cache()
-    retries = _tiling_messages(caplog, "ran out of memory")
-    assert retries, (
-        f"the cap did not make tile=auto run out of memory: {_tiling_messages(caplog, 'tile=auto')}"
-    )
-    sides = [int(re.search(r"retrying with (\d+)-px tiles", message).group(1)) for message in retries]
-    assert all(later < earlier for earlier, later in zip(sides, sides[1:], strict=False)), sides
-    assert halved.shape == image.shape and halved.std() > 1
-    final = sides[-1]
-    reference = stylize_tiled(model, image, tile=final, overlap=min(64, final // 4), **options)
-    # The failed passes leave nothing behind: the same pixels as a run planned at the final tile (cuDNN may pick
-    # another algorithm for a shape: at most one 8-bit level apart).
-    assert np.abs(halved.astype(np.int16) - reference.astype(np.int16)).max() <= 1
-
-
-# ---- no host sync across the whole Lightning loop (issue 21, point 5) --------------------------------------------
-# A callback that reads a device value at every batch end, planted after the check (tests/test_host_sync.py).
 PLANTED_READER = "tests.test_host_sync.ReadsTheDeviceAtEveryBatchEnd"
 
 
 LOOP_CASES = {
-    # The main job's data path (the dataset on the device), compiled as the profile says, and a DataLoader one
-    # (workers, pinned memory; eager: the compiled style step is test_iterations_that_log_nothing_never_synchronise's).
+    # The main job's data path (the dataset on the device), compiled as the profile says (a DataLoader one:
+    # test_style_gpu.py's style_fast case).
     "dcgan-on-device-data": ["hardware=auto"],
-    "style_fast-data-loader": [
-        *STYLE_CASES["style_fast"],
-        *OFFLINE_STYLE,
-        "hardware=auto",
-        "hardware.compile=false",
-        "data.num_workers=2",
-    ],
 }
 QUIET_LOOP = {
     "max_steps": 10,
@@ -471,6 +290,10 @@ def test_no_host_sync_across_the_whole_lightning_loop(case, tmp_path, monkeypatc
     """`torch.cuda.set_sync_debug_mode("error")` from one iteration's `on_train_batch_start` to the next one's, on
     every iteration that logs nothing: the module's step, every callback's batch end (progress bar, checkpoint and
     sample callbacks, loggers), Lightning's bookkeeping and the next batch's fetch."""
+    assert_no_host_sync_across_the_loop(LOOP_CASES[case], tmp_path, monkeypatch)
+
+
+def assert_no_host_sync_across_the_loop(overrides: list[str], tmp_path, monkeypatch) -> None:
     from pixelsmith.callbacks.host_sync import HostSyncCheck
 
     checks: list[HostSyncCheck] = []
@@ -481,7 +304,7 @@ def test_no_host_sync_across_the_whole_lightning_loop(case, tmp_path, monkeypatc
         original(self, trainer, pl_module)
 
     monkeypatch.setattr(HostSyncCheck, "on_train_start", recording)
-    metrics = run(_quiet_loop_config(LOOP_CASES[case], tmp_path / "run"))
+    metrics = run(_quiet_loop_config(overrides, tmp_path / "run"))
     assert metrics["iteration"] == 10
     (check,) = checks
     assert check.scope == "loop" and check.checked == 7 and check.events == []

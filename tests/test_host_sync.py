@@ -47,6 +47,10 @@ def cuda_code_paths(monkeypatch):
 @pytest.fixture
 def checks(monkeypatch):
     """The HostSyncCheck callbacks a run creates, to read what they checked."""
+    return record_host_sync_checks(monkeypatch)
+
+
+def record_host_sync_checks(monkeypatch) -> list[HostSyncCheck]:
     created: list[HostSyncCheck] = []
     original = HostSyncCheck.__init__
 
@@ -71,19 +75,6 @@ def test_a_gan_iteration_that_logs_nothing_never_waits_for_the_device(
     # Iterations 1, 2, 4, 5, 6 are checked (0 sets up device state; 3 and 7 log; 8 is the last).
     assert check.checked == 5 and check.events == []
     assert 0 < metrics["augment/p"] <= 1  # ADA's p moved on the device and reached the log
-
-
-@pytest.mark.filterwarnings("ignore::pixelsmith.style.loss_network.RandomLossNetworkWeightsWarning")
-@pytest.mark.filterwarnings("ignore:The number of training batches")
-@pytest.mark.parametrize("model", ["style_fast", "style_adain"])
-def test_the_style_iteration_never_waits_for_the_device(tmp_path, checks, model):
-    from tests.test_style_train import _cfg
-
-    overrides = ["hardware.optimizer_impl=fused", "train.host_sync_check=error", "train.log_every_n_steps=4"]
-    metrics = run(_cfg(tmp_path, model, *overrides, "max_steps=6", "train.clip_grad_norm=1.0"))
-    assert metrics["iteration"] == 6
-    (check,) = checks
-    assert check.checked == 3 and check.events == []  # 1, 2, 4
 
 
 def test_a_host_decided_step_is_caught_and_named(make_cfg, tmp_path):

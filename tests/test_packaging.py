@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import runpy
 import shutil
 import subprocess
 import sys
@@ -22,12 +23,12 @@ from tests.conftest import SMALL, run_cli
 
 REPO = Path(__file__).resolve().parents[1]
 # What the build reads; copied so that the build's build/ and *.egg-info never land in the working tree.
-BUILD_INPUTS = ["pyproject.toml", "README.md", "src", "conf", "data"]
+BUILD_INPUTS = ["pyproject.toml", "setup.py", "README.md", "src", "conf", "data"]
 JUNK = shutil.ignore_patterns("__pycache__", "*.pyc", "*.egg-info", "build")
+# The general entry points; a part's own (pixelsmith-stylize) is checked by the part's tests (test_style_stylize.py).
 SCRIPTS = {
     "pixelsmith-train": "pixelsmith.cli.train:main",
     "pixelsmith-evaluate": "pixelsmith.cli.evaluate:main",
-    "pixelsmith-stylize": "pixelsmith.style.stylize:main",
 }
 
 
@@ -125,13 +126,25 @@ from pixelsmith.paths import CONF_DIR, DATA_DIR, REPO_ROOT
 register_configs()
 sweepers = [f"{c.__module__}.{c.__name__}" for c in Plugins.instance().discover(Sweeper)]
 import hydra_plugins.pixelsmith_optuna_sweeper.optuna_sweeper as sweeper_module
+def data_keys(node, prefix=""):  # the dotted keys of every value that names the embedded data
+    if isinstance(node, dict):
+        for key, value in node.items():
+            yield from data_keys(value, f"{prefix}{key}.")
+    elif isinstance(node, list):
+        for index, value in enumerate(node):
+            yield from data_keys(value, f"{prefix}{index}.")
+    elif isinstance(node, str) and "${paths.data_dir}" in node:
+        yield prefix[:-1]
+data_paths = {}  # every experiment's data paths (a model's content photos, style images, ...), resolved
 with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-    cfg = compose("train", ["experiment=style_fast"])
+    for experiment in sorted((CONF_DIR / "experiment").glob("*.yaml")):
+        cfg = compose("train", [f"experiment={experiment.stem}"])
+        for key in data_keys(OmegaConf.to_container(cfg, resolve=False)):
+            data_paths[f"{experiment.stem}: {key}"] = OmegaConf.select(cfg, key)
 print(json.dumps({
     "package": pixelsmith.__file__, "cli": pixelsmith.cli.train.__file__, "conf": str(CONF_DIR),
     "data": str(DATA_DIR), "repo_root": None if REPO_ROOT is None else str(REPO_ROOT),
-    "content": OmegaConf.select(cfg, "data.root"), "styles": list(OmegaConf.select(cfg, "model.style_images")),
-    "sweepers": sweepers, "sweeper_file": sweeper_module.__file__,
+    "data_paths": data_paths, "sweepers": sweepers, "sweeper_file": sweeper_module.__file__,
 }))
 """
     result = run_cli(["-c", probe], cwd=work, timeout=120, env_extra=env)
@@ -143,9 +156,9 @@ print(json.dumps({
     assert Path(found["conf"]).resolve() == package / "conf"
     assert Path(found["data"]).resolve() == package / "embedded_data"
     assert found["repo_root"] is None
-    assert Path(found["content"]).resolve() == package / "embedded_data" / "style" / "content"
-    for path in [found["content"], *found["styles"]]:
-        assert Path(path).exists() and Path(path).resolve().is_relative_to(package)
+    # Every experiment's embedded-data path (conf/paths data_dir) exists inside the installed package.
+    for where, path in found["data_paths"].items():
+        assert Path(path).exists() and Path(path).resolve().is_relative_to(package / "embedded_data"), where
     # Hydra's plugin scan finds the Optuna sweeper the wheel installs (hparams_search=gan_optuna needs it).
     assert "hydra_plugins.pixelsmith_optuna_sweeper.optuna_sweeper.OptunaSweeper" in found["sweepers"]
     assert Path(found["sweeper_file"]).resolve().is_relative_to(site.resolve() / "hydra_plugins")
@@ -189,9 +202,22 @@ def test_hydra_finds_the_optuna_sweeper_plugin_of_this_checkout():
     assert (
         Path(sys.modules[found.__module__].__file__).resolve().is_relative_to(REPO / "src" / "hydra_plugins")
     )
-    assert {"hydra_plugins", "hydra_plugins.pixelsmith_optuna_sweeper"} <= set(
-        _pyproject()["tool"]["setuptools"]["packages"]
-    )
+    assert {"hydra_plugins", "hydra_plugins.pixelsmith_optuna_sweeper"} <= set(_setup_packages())
+
+
+def _setup_packages() -> list[str]:
+    """The package list setup.py gives setuptools (discovered, so a deleted part needs no edit)."""
+    return runpy.run_path(str(REPO / "setup.py"), run_name="discovery")["discovered_packages"]()
+
+
+def test_the_package_list_is_discovered_so_a_part_can_be_deleted():
+    packages = set(_setup_packages())
+    assert "packages" not in _pyproject()["tool"]["setuptools"], "discovered by setup.py, not listed by hand"
+    under_src = {
+        ".".join(init.parent.relative_to(REPO / "src").parts) for init in (REPO / "src").rglob("__init__.py")
+    }
+    assert under_src <= packages
+    assert {"pixelsmith.conf", "pixelsmith.embedded_data", "hydra_plugins"} <= packages
 
 
 def test_pyproject_declares_ranges_and_constraints_pin_a_tested_point_in_them():

@@ -1,6 +1,6 @@
-"""FLOPs per iteration for every model (DCGAN, StyleGAN2, fast style, AdaIN): the DCGAN count against the convolution
-formula, StyleGAN2's lazy R1 iterations counted (the issue: FlopCounterMode's module tracker failed on them), and
-real `profiler=breakdown` runs of all four models reporting FLOPs and MFU."""
+"""FLOPs per iteration of the GAN models (DCGAN, StyleGAN2): the DCGAN count against the convolution formula,
+StyleGAN2's lazy R1 iterations counted (the issue: FlopCounterMode's module tracker failed on them), and real
+`profiler=breakdown` runs reporting FLOPs and MFU (the style models' runs: test_style_perf.py)."""
 
 from __future__ import annotations
 
@@ -18,25 +18,11 @@ from pixelsmith.train import run
 from tests.conftest import FAST, SMALL, compose_config
 
 pytestmark = [
-    pytest.mark.filterwarnings("ignore::pixelsmith.style.loss_network.RandomLossNetworkWeightsWarning"),
     pytest.mark.filterwarnings("ignore:The number of training batches"),
     pytest.mark.filterwarnings("ignore:Experiment logs directory"),
 ]
 
 BATCH = 4
-# Tiny style-transfer runs, as in tests/test_style_train.py: 32 px crops, 8-channel networks, random VGG weights.
-STYLE = [
-    "hardware=cpu",
-    "train.progress_bar=false",
-    "logger=csv",
-    "model.loss_net.pretrained=false",
-    f"data.batch_size={BATCH}",
-    "data.resolution=32",
-    "data.resize_shorter=48",
-    "data.num_workers=0",
-    "model.style_size=64",
-    "callbacks.style_validation=null",
-]
 MODELS = {
     "dcgan": [*FAST, *SMALL["dcgan"], f"data.batch_size={BATCH}"],
     # Lazy R1 every 2nd iteration, so a 6-iteration run counts and times R1 iterations after the warm-up.
@@ -48,13 +34,6 @@ MODELS = {
         # path length (the model's default now, every 4) would add "Greg" kinds; this test is about lazy R1
         "model.objective.regularizers.path_length.weight=0",
     ],
-    "style_fast": [
-        *STYLE,
-        "experiment=style_fast",
-        "model.stylizer.base_channels=8",
-        "model.stylizer.num_residual_blocks=1",
-    ],
-    "style_adain": [*STYLE, "experiment=style_adain", "model.decoder.width=0.125"],
 }
 
 
@@ -144,9 +123,13 @@ def test_mean_flops_over_timed_iterations_counts_r1_as_often_as_it_runs():
 
 @pytest.mark.parametrize("model", list(MODELS))
 def test_breakdown_run_reports_flops_and_mfu_for_every_model(tmp_path, model):
+    assert_breakdown_run_reports_flops_and_mfu(tmp_path, model, MODELS[model])
+
+
+def assert_breakdown_run_reports_flops_and_mfu(tmp_path, model: str, overrides: list[str]) -> None:
     cfg = compose_config(
         [
-            *MODELS[model],
+            *overrides,
             "precision=32-true",
             "max_steps=6",
             "profiler=breakdown",

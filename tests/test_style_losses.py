@@ -121,3 +121,23 @@ def test_adain_loss_is_zero_style_for_own_statistics_and_trains_decoder_only():
     assert torch.equal(
         criterion(shared_output, shared_target, style, shared).total.detach(), terms.total.detach()
     )
+
+
+def test_style_loss_of_the_style_module_is_this_gram_distance() -> None:
+    """The training loss and the validation metric must not drift apart (one Gram implementation)."""
+    from pixelsmith.metrics import gram_matrix, style_gram_distance
+    from pixelsmith.style.losses import gram_matrix as style_module_gram_matrix
+    from pixelsmith.style.losses import style_loss
+
+    generator = torch.Generator().manual_seed(4)
+    features = {"relu1_2": torch.randn(2, 4, 16, 16, generator=generator), "relu2_2": torch.randn(2, 8, 8, 8)}
+    style_grams = {
+        name: gram_matrix(torch.randn(1, *f.shape[1:], generator=generator)) for name, f in features.items()
+    }
+    torch.testing.assert_close(
+        style_module_gram_matrix(features["relu1_2"]), gram_matrix(features["relu1_2"])
+    )
+    torch.testing.assert_close(
+        style_loss(features, style_grams),
+        style_gram_distance(list(features.values()), list(style_grams.values())),
+    )

@@ -296,3 +296,14 @@ def test_the_cli_says_where_the_time_went(fast_ckpt, tmp_path, capsys):
     line = next(x for x in capsys.readouterr().out.splitlines() if x.startswith("time per stage:"))
     for stage in ("decode", "copy in", "network", "blend", "copy out", "encode"):
         assert f"{stage} " in line
+
+
+def test_the_stylize_entry_point_is_installed():
+    """`pixelsmith-stylize` (the style part's command) is declared in pyproject.toml; a fork that deletes the part
+    still installs, and only that command fails then (README "Removing a part")."""
+    import tomllib
+
+    from tests.conftest import CHECKOUT
+
+    scripts = tomllib.loads((CHECKOUT / "pyproject.toml").read_text())["project"]["scripts"]
+    assert scripts["pixelsmith-stylize"] == "pixelsmith.style.stylize:main"

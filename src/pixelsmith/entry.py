@@ -75,6 +75,23 @@ def _checkpoints_note(output_dir: Path) -> str:
     return f" The checkpoints written before it are intact ({', '.join(written)} in {output_dir / 'checkpoints'})."
 
 
+def _gradient_checkpointing_hint(cfg: DictConfig) -> str:
+    """The model's own gradient-checkpointing switches, read from its config (general code names no model)."""
+    model = OmegaConf.select(cfg, "model") or {}
+    keys = (
+        [
+            f"model.{name}.gradient_checkpointing=true"
+            for name, section in model.items_ex(resolve=False)
+            if isinstance(section, DictConfig) and "gradient_checkpointing" in section
+        ]
+        if isinstance(model, DictConfig)
+        else []
+    )
+    if not keys:
+        return "model.*.gradient_checkpointing=true where a model has it (this one has none)"
+    return " and ".join(keys) + " (recomputes activations in the backward: less memory, more time)"
+
+
 def explain_failure(err: BaseException, cfg: DictConfig) -> GPUFailureError | None:
     """Turn a compiler error or an out-of-memory into one paragraph naming the key that avoids it (None for any
     other exception). The full traceback goes to `<run dir>/error_traceback.txt` for a bug report."""
@@ -104,7 +121,7 @@ def explain_failure(err: BaseException, cfg: DictConfig) -> GPUFailureError | No
             f"Out of memory ({cause}: {first_line}). Use a smaller micro-batch: data.batch_size="
             f"{max(1, batch // 2) if batch else '<smaller>'} with accumulate={2 * accumulate} keeps the effective "
             "batch; or auto_batch.enabled=true to find the largest batch that fits; or "
-            "model.*.gradient_checkpointing=true where the model has it (stylegan2, style_fast, style_adain). "
+            f"{_gradient_checkpointing_hint(cfg)}. "
             "On a shared GPU check hardware.memory_fraction and what else runs (nvidia-smi)."
         )
     elif any(marker in name for name in _frames(err) for marker in _COMPILER_PATHS):

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from hydra.utils import get_class
 from omegaconf import DictConfig, OmegaConf
 
 from pixelsmith.builders import build_datamodule, build_model, build_plan
@@ -36,19 +37,35 @@ def load_checkpoint(path: str) -> dict[str, Any]:
     return checkpoint
 
 
+def _check_generates_images(ckpt_path: Path, model_cfg: DictConfig) -> None:
+    """evaluate.py measures generators (`generate(z)`); another model is refused with what its class says to do
+    instead (`evaluate_instead`, formatted with the checkpoint path). General code names no model."""
+    target = str(model_cfg.get("_target_", ""))
+    if not target:
+        return
+    try:
+        model_class = get_class(target)
+    except ImportError as err:  # a part this checkout lacks (README "Removing a part")
+        raise PixelsmithError(
+            f"{ckpt_path} was trained with {target} (model={model_cfg.get('name')}), which this checkout does "
+            f"not have: {err}"
+        ) from err
+    if callable(getattr(model_class, "generate", None)):
+        return
+    instead = getattr(model_class, "evaluate_instead", "")
+    raise PixelsmithError(
+        f"{ckpt_path} holds a {model_class.__name__} (model={model_cfg.get('name')}), which generates no images "
+        "from latents; evaluate.py measures generators (FID/KID/precision-recall of generated images)."
+        + (f" {instead.format(ckpt_path=ckpt_path)}" if instead else "")
+    )
+
+
 def evaluate(cfg: DictConfig) -> dict[str, float]:
     ckpt_path = _check_resume_path(cfg.ckpt_path)
     checkpoint = load_checkpoint(ckpt_path)
     # A checkpoint from before a network setting existed is rebuilt as the network it was trained as.
     stored = OmegaConf.create(with_legacy_network_settings(checkpoint["pixelsmith_config"]))
-    target = str(stored.model.get("_target_", ""))
-    if target.startswith("pixelsmith.style."):
-        raise PixelsmithError(
-            f"{ckpt_path} is a style-transfer checkpoint (model={stored.model.get('name')}); evaluate.py measures "
-            "GANs (FID/KID/precision-recall of generated images). Apply it to photos with `python stylize.py "
-            f"ckpt_path={ckpt_path} input=<photo or folder> output=<file or folder>`; its validation metrics "
-            "(content LPIPS, style loss) are in the training run's metrics.csv."
-        )
+    _check_generates_images(ckpt_path, stored.model)
     if OmegaConf.to_container(cfg.model, resolve=True) != OmegaConf.to_container(stored.model):
         log.warning(
             "The composed model config differs from the checkpoint's; using the checkpoint's (%s).",

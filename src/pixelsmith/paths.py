@@ -73,7 +73,7 @@ def describe_trees(cwd: Path | None = None) -> str | None:
     return (
         f"This run uses the code ({PACKAGE_DIR}), configs ({CONF_DIR}) and data ({DATA_DIR}) of {source}, not of "
         f"the checkout {here} you are in: `pixelsmith` is imported from there (the environment's install). To run "
-        f"{here}'s own, use its scripts (`python train.py`, `python evaluate.py`, `python stylize.py` in {here}) "
+        f"{here}'s own, use its scripts (`python train.py`, `python evaluate.py`, ... in {here}) "
         f"or install it into this environment (`pip install -e {here}`)."
     )
 

@@ -2,8 +2,8 @@
 
 Everything is inside the file: charts are inline SVG drawn here (no JavaScript, no CDN), images are base64 PNGs. A run
 report shows the stop reason and final metrics, the loss, learning-rate, gradient-norm and throughput curves from
-`metrics.csv`, the evaluation curves (FID, KID, precision/recall from `eval_history.json`; the style metrics from
-`style_validation.json`), sample grids over time (for style runs these are the content | style | result rows), the
+`metrics.csv`, the evaluation curves (FID, KID, precision/recall from `eval_history.json`; a model's validation
+metrics from any `<name>_validation.json` history its callbacks write), sample grids over time, the
 step-time breakdown and throughput/MFU/memory when the run was profiled (`perf/`), and the resolved config. A sweep
 report (`pixelsmith.sweep_summary`) compares its jobs: objective per job, their overrides and links to their reports.
 
@@ -213,9 +213,11 @@ def write_run_report(run_dir: Path) -> Path:
     charts = _grouped_charts(_metric_series(run_dir))
     evaluation = _read_json(run_dir / "eval_history.json") or {}
     charts += _history_charts(evaluation.get("history", []), "eval: ")
-    style = _read_json(run_dir / "style_validation.json")
-    if isinstance(style, list):
-        charts += _history_charts(style, "style validation: ")
+    # Any model's validation history (a list of {"iteration": ..., metric: value}): general code names no model.
+    for path in sorted(run_dir.glob("*_validation.json")):
+        history = _read_json(path)
+        if isinstance(history, list):
+            charts += _history_charts(history, f"{path.stem.replace('_', ' ')}: ")
     if charts:
         body += ["<h2>Curves</h2>", '<div class="charts">' + "".join(charts) + "</div>"]
     samples = _samples(run_dir)

@@ -29,6 +29,7 @@ import yaml
 from omegaconf import DictConfig, OmegaConf
 
 from pixelsmith.errors import PixelsmithError
+from pixelsmith.parts import contributed
 from pixelsmith.run_dir import RUN_MARKER
 
 
@@ -146,14 +147,14 @@ def check_not_finished(path: Path, iteration: int, max_steps: int, auto_resumed:
 # ---- does the checkpoint fit this run's model? -------------------------------------------------------------------
 # The config keys that decide the networks' tensors, compared to explain a mismatch (optimizer settings, loss
 # weights and the like change no tensor and are free to differ on a resume).
-_SHAPING_PREFIXES = (
-    "model.generator.",
-    "model.discriminator.",
-    "model.stylizer.",
-    "model.decoder.",
-    "model.loss_net.arch",
-    "model.ema.enabled",
-)
+# The models' own come from their parts (each part's SHAPING_CONFIG_PREFIXES, pixelsmith.parts).
+_SHAPING_PREFIXES = ("model.ema.enabled",)
+
+
+def _shaping_prefixes() -> tuple[str, ...]:
+    return (*_SHAPING_PREFIXES, *contributed("SHAPING_CONFIG_PREFIXES"))
+
+
 _SHAPING_KEYS = ("data.resolution", "data.channels", "augment._target_")
 _NOT_SHAPING = ("gradient_checkpointing",)
 
@@ -200,7 +201,7 @@ def _shaping(flat: dict[str, Any]) -> dict[str, Any]:
     return {
         key: value
         for key, value in flat.items()
-        if (key in _SHAPING_KEYS or key.startswith(_SHAPING_PREFIXES) or _is_regularizer_target(key))
+        if (key in _SHAPING_KEYS or key.startswith(_shaping_prefixes()) or _is_regularizer_target(key))
         and not any(part in key for part in _NOT_SHAPING)
     }
 

@@ -122,8 +122,8 @@ class GANEvaluation(Callback):
 
     def setup(self, trainer, pl_module, stage: str) -> None:
         if self.enabled and not callable(getattr(pl_module, "generate", None)):
-            # FID/KID score generated samples; a model without `generate(z)` (a stylizer) has none. Turning the
-            # callback off here lets `model=style_fast` work without also writing `callbacks.evaluation=null`.
+            # FID/KID score generated samples; a model without `generate(z)` (e.g. a stylizer) has none. Turning
+            # the callback off here lets such a model run without also writing `callbacks.evaluation=null`.
             log.info("%s has no generate(z): GAN evaluation is off for this run.", type(pl_module).__name__)
             self._applicable = False
         # Built before the first step: missing extractor weights stop the run here, not an hour in.

@@ -14,8 +14,10 @@ vgg11` fails at composition naming the key and the values), each datamodule opti
 (`data=mnist data.root=/x` fails: MNIST takes no root), and the shipped G/D networks have typed configs.
 
 Each schema lives beside the code that reads it (`core/config.py`, `hardware_config.py`, `data/config.py`,
-`augment/config.py`, `gan/config.py`, `style/config.py`, `metrics/config.py`, `perf/config.py`); this module holds
-the root and registers them all, so it sits above them (tests/test_architecture.py).
+`augment/config.py`, `metrics/config.py`, `perf/config.py`); this module holds the root and registers them all, so
+it sits above them (tests/test_architecture.py). The optional parts' schemas (the models: `gan/config.py`,
+`style/config.py`, a fork's own) are registered from what each part present lists in its `part.py`
+(`pixelsmith.parts`): this module names no part, so a part can be deleted (README "Removing a part").
 """
 
 from __future__ import annotations
@@ -30,11 +32,10 @@ from pixelsmith.augment.config import AdaptiveAugmentConfig, DiffAugmentConfig
 from pixelsmith.choices import typed
 from pixelsmith.core.config import ScheduleConfig, TrainLoopConfig
 from pixelsmith.data.config import DataConfig, ImageFolderDataConfig, MNISTDataConfig
-from pixelsmith.gan.config import DCGANModelConfig, GANModelConfig, StyleGAN2ModelConfig
 from pixelsmith.hardware_config import HardwareConfig, PrecisionConfig, StrategyConfig
 from pixelsmith.metrics.config import EvalConfig
+from pixelsmith.parts import contributed
 from pixelsmith.perf.config import AutoBatchConfig, ProfilerConfig
-from pixelsmith.style.config import AdaINModelConfig, FastStyleModelConfig, StyleContentDataConfig
 
 
 @dataclass
@@ -82,14 +83,10 @@ def register_configs() -> None:
     cs.store(group="data", name="_schema", node=typed(DataConfig))
     cs.store(group="data", name="_mnist_schema", node=typed(MNISTDataConfig))
     cs.store(group="data", name="_image_folder_schema", node=typed(ImageFolderDataConfig))
-    cs.store(group="data", name="_style_content_schema", node=typed(StyleContentDataConfig))
     cs.store(group="schedule", name="_schema", node=typed(ScheduleConfig))
-    cs.store(group="model", name="_gan_schema", node=typed(GANModelConfig))  # any G/D: a fork's own networks
-    cs.store(group="model", name="_dcgan_schema", node=typed(DCGANModelConfig))
-    cs.store(group="model", name="_stylegan2_schema", node=typed(StyleGAN2ModelConfig))
     cs.store(group="augment", name="_diffaugment_schema", node=typed(DiffAugmentConfig))
     cs.store(group="augment", name="_ada_schema", node=typed(AdaptiveAugmentConfig))
-    cs.store(group="model", name="_style_fast_schema", node=typed(FastStyleModelConfig))
-    cs.store(group="model", name="_style_adain_schema", node=typed(AdaINModelConfig))
     cs.store(group="paths", name="_schema", node=typed(PathsConfig))
     cs.store(group="profiler", name="_schema", node=typed(ProfilerConfig))
+    for group, name, schema in contributed("SCHEMAS"):  # the models' and their data's, from each part present
+        cs.store(group=group, name=name, node=typed(schema))

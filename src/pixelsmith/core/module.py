@@ -113,6 +113,9 @@ class TrainingCore(L.LightningModule):
     # True when `iteration_plan` names every host decision of an iteration, so `hardware.cuda_graphs` may capture
     # it (core/graphs.py); a model that leaves it False runs eagerly, saying so at start-up.
     supports_cuda_graphs = False
+    # The step-time breakdown's rows for this model's own phases (`with self.phase(name):`), in the order they are
+    # shown (perf/breakdown.py); a phase recorded but not listed is shown after these, in order of appearance.
+    breakdown_phases: tuple[str, ...] = ()
 
     def __init__(self, core: CoreSettings):
         super().__init__()

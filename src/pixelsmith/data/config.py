@@ -1,5 +1,6 @@
-"""Schemas of the data group's options (`conf/data/mnist.yaml`, `image_folder.yaml`; the style content data's is in
-`pixelsmith.style.config`), beside the datamodules: each holds only the keys its datamodule takes."""
+"""Schemas of the data group's options (`conf/data/mnist.yaml`, `image_folder.yaml`; a model part's own data, such as
+style transfer's content photos, has its schema in that part), beside the datamodules: each holds only the keys its
+datamodule takes."""
 
 from __future__ import annotations
 

@@ -30,6 +30,8 @@ log = logging.getLogger(__name__)
 
 class GANModule(TrainingCore):
     supports_cuda_graphs = True  # iteration_plan names the phases due and ADA's adjustment (core/graphs.py)
+    # The step-time breakdown's rows (R1 in D_reg, path length in G_reg; augment is nested in D_fwd/D_reg).
+    breakdown_phases = ("augment", "G_fwd", "D_fwd", "D_bwd", "D_reg", "G_bwd", "G_reg")
 
     def __init__(
         self,

@@ -42,6 +42,7 @@ from pixelsmith.metrics.fid import (
     frechet_distance,
 )
 from pixelsmith.metrics.gan_metrics import ALL_GAN_METRICS, GanMetrics
+from pixelsmith.metrics.gram import gram_matrix, style_gram_distance  # the style loss imports these too
 from pixelsmith.metrics.image_metrics import (
     LPIPS,
     ContentSSIM,
@@ -61,7 +62,6 @@ from pixelsmith.metrics.reference_cache import (
     load_or_compute_reference_stats,
 )
 from pixelsmith.metrics.weights import MissingWeightsError, resolve_weights_file
-from pixelsmith.style.gram import gram_matrix, style_gram_distance  # the style loss's own definition
 
 __all__ = [
     "ALL_GAN_METRICS",

@@ -1,7 +1,7 @@
 """Paired-image metrics for style transfer: content SSIM, LPIPS, PSNR and the style Gram distance.
 
-The Gram matrix and the Gram distance are the style loss's own (`pixelsmith.style.gram`, one implementation in
-Pixelsmith): the validation metric imports them from there, so it and the training loss can never drift apart. All image arguments are float tensors [B, C, H, W] in [-1, 1] (the models' output range);
+The Gram matrix and the Gram distance are `pixelsmith.metrics.gram`, one implementation in Pixelsmith: the style
+loss imports them from there too, so it and the validation metric can never drift apart. All image arguments are float tensors [B, C, H, W] in [-1, 1] (the models' output range);
 grayscale images are repeated to 3 channels where a network needs RGB.
 
 SSIM and PSNR come from torchmetrics, on images mapped to [0, 1] with ``data_range=1`` (SSIM's luminance term is
@@ -23,11 +23,9 @@ from torchmetrics import Metric
 from torchmetrics.functional.image.lpips import _lpips_update, _NoTrainLpips
 from torchmetrics.image import PeakSignalNoiseRatio, StructuralSimilarityIndexMeasure
 
+from pixelsmith.metrics.gram import gram_matrix as gram_matrix  # re-exported: an older import place
+from pixelsmith.metrics.gram import style_gram_distance
 from pixelsmith.metrics.weights import resolve_weights_file
-from pixelsmith.style.gram import (
-    gram_matrix as gram_matrix,  # re-exported: style/module.py still imports it here
-)
-from pixelsmith.style.gram import style_gram_distance
 
 LPIPS_WEIGHTS_CONFIG_KEY = "metrics.lpips_backbone_weights"
 # LPIPS net name -> (torchvision architecture, its ImageNet weights enum entry); the file names come from there:

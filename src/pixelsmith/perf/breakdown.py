@@ -7,13 +7,9 @@ runs from one `next()` on the loader to the next one, so every millisecond of th
 
     data_wait      waiting for the loader (next(); decode/augment in the main process when num_workers=0)
     h2d            Lightning's batch transfer hooks + the module's `h2d` phase (copy, uint8 -> float, layout)
-    augment        DiffAugment/ADA (nested inside D_fwd or D_reg: its time is taken out of theirs)
-    G_fwd, D_fwd   forward passes (each G or D call the objective makes; the loss arithmetic after them is in
-                   other_in_step)
-    D_bwd, G_bwd   backward of the D loss / of the G loss (the G backward runs through D into G)
-    D_reg, G_reg   lazy regularisation phases (StyleGAN2-ADA's Dreg: R1; Greg: path length), each whole: forward,
-                   gradient penalty and double backward
-    style_fwd, loss_fwd, loss_bwd, style_bwd   the style modules: stylizer and loss-network forward and backward
+    (the model's)  the phases the model names (`with self.phase(name):`), in the order of its `breakdown_phases`
+                   (each model module documents its own: forwards, backwards, regularisation, augmentation), then
+                   any it did not list, in the order they first appear
     opt_step       all-reduce, unscale, finite check, clipping, optimizer step, zero_grad
     ema            the EMA update at the end of the iteration
     other_in_step  inside training_step but in no phase: latents, bookkeeping, `self.log`
@@ -30,6 +26,7 @@ import csv
 import json
 import logging
 import statistics
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -48,24 +45,10 @@ from pixelsmith.perf.timer import (
 
 log = logging.getLogger(__name__)
 
-# GAN phases (R1 in D_reg, path length in G_reg), then the style module's (stylizer and loss-network forward, then their backwards).
-CANONICAL_ORDER = [
-    DATA_WAIT,
-    H2D,
-    "augment",
-    "G_fwd",
-    "D_fwd",
-    "D_bwd",
-    "D_reg",
-    "G_bwd",
-    "G_reg",
-    "style_fwd",
-    "loss_fwd",
-    "loss_bwd",
-    "style_bwd",
-    "opt_step",
-    "ema",
-]
+# The loop's phases around the model's own (which come from the module's `breakdown_phases`: general code names no
+# model's phases, so a model part can be removed or added without an edit here).
+LEADING_PHASES = [DATA_WAIT, H2D]
+TRAILING_PHASES = ["opt_step", "ema"]
 OTHER_LABELS = [OTHER_IN_STEP, OTHER_LOOP]
 PHASE_TOLERANCE = (
     0.01  # named phases + other must equal the step time within 1% (exact on CPU by construction)
@@ -130,13 +113,15 @@ class LoopClock(Profiler):
         self.inner.teardown(stage)
 
 
-def ordered_labels(labels) -> list[str]:
+def ordered_labels(labels, model_phases: Iterable[str] = ()) -> list[str]:
+    """The rows' order: data wait and host-to-device, the model's phases (its `breakdown_phases` first, then any
+    other it recorded, in order of appearance), optimizer step and EMA, then the two "other" rows."""
     present = list(dict.fromkeys(labels))
-    head = [name for name in CANONICAL_ORDER if name in present]
-    middle = [
-        name for name in present if name not in CANONICAL_ORDER and name not in OTHER_LABELS + ["total"]
-    ]
-    tail = [name for name in OTHER_LABELS if name in present]
+    fixed = LEADING_PHASES + TRAILING_PHASES + OTHER_LABELS + ["total"]
+    declared = [name for name in dict.fromkeys(model_phases) if name not in fixed]
+    head = [name for name in LEADING_PHASES + declared if name in present]
+    middle = [name for name in present if name not in fixed and name not in declared]
+    tail = [name for name in TRAILING_PHASES + OTHER_LABELS if name in present]
     return head + middle + tail
 
 
@@ -191,12 +176,14 @@ class StepTimeBreakdown(Callback):
         self.overhead_per_phase_s = 0.0
         self.images_per_iteration = 0
         self.summary: dict[str, Any] | None = None
+        self.model_phases: tuple[str, ...] = ()
 
     # ---- attach / detach ----------------------------------------------------------------------------------------
     def setup(self, trainer, pl_module, stage: str) -> None:
         if stage != "fit":
             return
         device = trainer.strategy.root_device
+        self.model_phases = tuple(getattr(pl_module, "breakdown_phases", ()))
         existing = getattr(pl_module, "_phase_timer", None)
         self.timer = StepTimer(device, timing=True, annotate=bool(existing is not None and existing.annotate))
         pl_module._phase_timer = self.timer
@@ -237,7 +224,7 @@ class StepTimeBreakdown(Callback):
         window, self.window = self.window, BreakdownStats()
         total = window.mean_ms("total")
         metrics = {"perf/ms/total": total}
-        for label in ordered_labels(window.sums):
+        for label in ordered_labels(window.sums, self.model_phases):
             ms = window.mean_ms(label)
             metrics[f"perf/ms/{label}"] = ms
             metrics[f"perf/share/{label}"] = ms / total if total > 0 else 0.0
@@ -260,7 +247,7 @@ class StepTimeBreakdown(Callback):
         stats = self.stats
         total = stats.mean_ms("total")
         rows = []
-        for label in ordered_labels(stats.sums):
+        for label in ordered_labels(stats.sums, self.model_phases):
             rows.append(
                 {
                     "phase": label,

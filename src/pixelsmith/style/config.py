@@ -54,7 +54,7 @@ class LossNetConfig:
 
 @dataclass
 class StyleValidationConfig:
-    """Fixed content/style pairs for sample grids and validation metrics (pixelsmith.callbacks.style_validation)."""
+    """Fixed content/style pairs for sample grids and validation metrics (callbacks.style_validation: pixelsmith.style.validation)."""
 
     num_pairs: int = (
         4  # content images (the first N of content_dir, sorted), each paired with a style in turn

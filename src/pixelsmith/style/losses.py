@@ -5,7 +5,7 @@ C*H*W-sized products, which overflows fp16 (max 65504) at relu1_2 of a 256px cro
 So Grams, their normalisation and every reduction here run in float32 with autocast disabled locally.
 
 The Gram matrix and the Gram distance are not defined here: `gram_matrix` and `style_gram_distance` come from
-`pixelsmith.style.gram`, which the validation/evaluation "style Gram distance" (`pixelsmith.metrics`) imports too, so
+`pixelsmith.metrics.gram`, which the validation/evaluation "style Gram distance" (`pixelsmith.metrics`) uses too, so
 the training style loss and the metric are one implementation and cannot drift apart.
 """
 
@@ -19,7 +19,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from pixelsmith.style.gram import gram_matrix, style_gram_distance
+from pixelsmith.metrics.gram import gram_matrix, style_gram_distance
 from pixelsmith.style.loss_network import VGGFeatures
 from pixelsmith.style.networks import AdaINNet, channel_mean_var
 

@@ -15,7 +15,7 @@ losses are float32 (`style/losses.py`). Checkpoints follow the contract of `styl
 model's VGG is not saved (it is 4x the stylizer): it is rebuilt from the config on resume.
 
 Fixed validation pairs (the first `validation.num_pairs` content images, center-cropped, each with a style in turn)
-feed `sample_grid()` (rows content | style | result) and `pixelsmith.callbacks.style_validation.StyleValidation`.
+feed `sample_grid()` (rows content | style | result) and `pixelsmith.style.validation.StyleValidation`.
 """
 
 from __future__ import annotations
@@ -33,6 +33,7 @@ from torchvision.utils import make_grid
 from pixelsmith.core.config import OptimizerConfig, as_config
 from pixelsmith.core.module import CoreSettings, IterationResult, OptimizerDefinition, TrainingCore
 from pixelsmith.errors import PixelsmithError
+from pixelsmith.metrics.gram import gram_matrix
 from pixelsmith.style.config import (
     AdaINDecoderConfig,
     LossNetConfig,
@@ -47,7 +48,6 @@ from pixelsmith.style.data import (
     load_style_images,
     read_image,
 )
-from pixelsmith.style.gram import gram_matrix
 from pixelsmith.style.loss_network import DEFAULT_LAYERS, VGGFeatures, layer_names
 from pixelsmith.style.losses import AdaINLoss, PerceptualStyleLoss
 from pixelsmith.style.networks import ADAIN_ENCODER_LAYERS, AdaINDecoder, AdaINNet, TransformerNet
@@ -95,6 +95,14 @@ class StyleTransferModule(TrainingCore):
     sample grids and the hooks the StyleValidation callback calls."""
 
     trained_network = ""  # the name of the single optimizer and network (set by subclasses)
+    # What evaluate.py says to do with such a checkpoint instead of measuring it (it measures generators).
+    evaluate_instead = (
+        "This is a style-transfer checkpoint: apply it to photos with `python stylize.py ckpt_path={ckpt_path} "
+        "input=<photo or folder> output=<file or folder>`; its validation metrics (content LPIPS, style loss) are "
+        "in the training run's metrics.csv."
+    )
+    # The step-time breakdown's rows: stylizer and loss-network forward, then the backward split at the stylized image.
+    breakdown_phases = ("style_fwd", "loss_fwd", "loss_bwd", "style_bwd")
 
     def __init__(
         self,
