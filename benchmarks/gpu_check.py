@@ -890,14 +890,14 @@ FOLDER_TARGETS = {"jpg": 20.0, "png": 3.0}
 
 
 def _style_folder(args, env, report, deadline) -> None:
-    """`benchmarks.stylize_folder` at 8K to JPEG and PNG (ours and fast_neural_style's loop), with the targets."""
+    """`benchmarks.style_folder` at 8K to JPEG and PNG (ours and fast_neural_style's loop), with the targets."""
     size = "128x96" if env.dry_run else "8K"
     name = f"stylize folder {size} (pipeline vs fast_neural_style)"
     timeout = deadline.timeout_for(args.step_limit)
     if timeout is None:
         report.add(step=name, measure="all", value="skipped: no time left", status="skip")
         return
-    command = [sys.executable, "-m", "benchmarks.stylize_folder", "--sizes", size, "--formats", "jpg", "png"]
+    command = [sys.executable, "-m", "benchmarks.style_folder", "--sizes", size, "--formats", "jpg", "png"]
     command += ["--images", "2" if env.dry_run else "8", "--repeats", "1", "--device", env.device]
     if env.dry_run:
         command += ["--base-channels", "4", "--residual-blocks", "1"]

@@ -16,7 +16,7 @@ PyTorch's ``ConvolutionBackward`` node, whose own derivative (``_convolution_dou
 What it leaves out: the weight gradient is first-order in the input (``d(dL/dw)/dx`` is not recorded, since the
 weight path sees ``x.detach()``). GAN penalties never need it: R1, R2, path length and WGAN-GP differentiate
 gradients w.r.t. the network's *inputs*, whose derivatives w.r.t. the weights and the input are all exact here
-(tests/test_conv_input_grad.py checks them against F.conv2d). A fork differentiating weight gradients w.r.t. the
+(tests/test_networks_conv_input_grad.py checks them against F.conv2d). A fork differentiating weight gradients w.r.t. the
 input (meta-learning) uses plain ``F.conv2d`` there.
 
 First-order steps are unchanged in cost (Dmain, Gmain: one input-gradient and one weight-gradient call, as

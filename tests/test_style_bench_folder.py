@@ -1,4 +1,4 @@
-"""The folder benchmark (`benchmarks/stylize_folder.py`) runs ours and the peer loop side by side and prints a table
+"""The folder benchmark (`benchmarks/style_folder.py`) runs ours and the peer loop side by side and prints a table
 whose ratio column is ours / peer."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import re
 
 import pytest
 
-from benchmarks import stylize_folder
+from benchmarks import style_folder
 
 pytestmark = pytest.mark.bench
 
@@ -25,7 +25,7 @@ def test_the_folder_bench_prints_ours_and_the_peer_per_size_and_format(capsys):
         "--residual-blocks",
         "1",
     ]
-    assert stylize_folder.main([*tiny, "--formats", "png", "jpg", "--device", "cpu"]) == 0
+    assert style_folder.main([*tiny, "--formats", "png", "jpg", "--device", "cpu"]) == 0
     out = capsys.readouterr().out
     rows = re.findall(r"\| 96x64 \| (png|jpg) \| ([\d.]+) \| ([\d.]+) \| ([\d.]+)x \|", out)
     assert [r[0] for r in rows] == ["png", "jpg"], out
@@ -35,5 +35,5 @@ def test_the_folder_bench_prints_ours_and_the_peer_per_size_and_format(capsys):
 
 
 def test_sizes_are_named_or_given_as_width_x_height():
-    assert stylize_folder.parse_size("8k") == ("8K", 7680, 4320)
-    assert stylize_folder.parse_size("640x360") == ("640x360", 640, 360)
+    assert style_folder.parse_size("8k") == ("8K", 7680, 4320)
+    assert style_folder.parse_size("640x360") == ("640x360", 640, 360)

@@ -1,8 +1,8 @@
-"""`python -m benchmarks.stylize_folder`: folder throughput of `stylize.py`'s pipeline against fast_neural_style's loop.
+"""`python -m benchmarks.style_folder`: folder throughput of `stylize.py`'s pipeline against fast_neural_style's loop.
 
-    python -m benchmarks.stylize_folder                                   # CPU: 2K, 4 images, PNG and JPEG out
-    python -m benchmarks.stylize_folder --sizes 2K 4K 8K --images 16      # a GPU: bf16 + nvJPEG for ours
-    python -m benchmarks.stylize_folder --sizes 8K --formats jpg --devices 2
+    python -m benchmarks.style_folder                                   # CPU: 2K, 4 images, PNG and JPEG out
+    python -m benchmarks.style_folder --sizes 2K 4K 8K --images 16      # a GPU: bf16 + nvJPEG for ours
+    python -m benchmarks.style_folder --sizes 8K --formats jpg --devices 2
 
 For each size (2K = 2048x1080, 4K = 3840x2160, 8K = 7680x4320, or WxH) a folder of `--images` JPEG photos
 (synthetic: smooth colour fields plus grain, which compress like photos) is stylized to PNG and to JPEG by:
@@ -84,7 +84,7 @@ def ours_folder(options, folder: Path, out: Path, devices: int):
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m benchmarks.stylize_folder", description=__doc__.split("\n\n")[0]
+        prog="python -m benchmarks.style_folder", description=__doc__.split("\n\n")[0]
     )
     parser.add_argument(
         "--sizes", nargs="+", default=None, help="2K 4K 8K or WxH (default: 2K on CPU, all on GPU)"
