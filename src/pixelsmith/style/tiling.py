@@ -532,7 +532,9 @@ def stylize_tiled(
                 source = image
                 output_array = np.empty((height, width, 3), dtype=np.uint8)
                 output = torch.from_numpy(output_array)  # shares memory: rows written here land in the array
-        band = torch.zeros(3, tile_h, padded_w, device=work)  # float32 accumulator for the current tile row
+        single = len(ys) == 1 and len(xs) == 1
+        # float32 accumulator for the current tile row (none for a single tile)
+        band = torch.zeros(3, tile_h if not single else 0, padded_w, device=work)
         total_tiles, done = len(ys) * len(xs), 0
 
         with autocast_for(precision, device):
@@ -563,6 +565,14 @@ def stylize_tiled(
                             raise ValueError(
                                 f"The model changed the tile size {(tile_h, tile_w)} to {result.shape[-2:]}."
                             )
+                        if single:  # the whole image in one tile: nothing to blend, straight to uint8
+                            with times.stage("blend", sync):
+                                output.copy_(to_uint8(result[0, :, :height, :width]).permute(1, 2, 0))
+                            del batch, result
+                            done += 1
+                            if on_tiles_done is not None:
+                                on_tiles_done(done, total_tiles)
+                            continue
                         with times.stage("blend", sync):
                             for k, j in enumerate(columns):
                                 weight = windows_y[row][:, None] * windows_x[j][None, :]
@@ -571,6 +581,8 @@ def stylize_tiled(
                         done += len(columns)
                         if on_tiles_done is not None:
                             on_tiles_done(done, total_tiles)
+                    if single:
+                        continue
                     with times.stage("blend", sync):
                         # Rows before the next tile row's start receive no more contributions: finish and emit them.
                         finished = (ys[row + 1] - y) if row + 1 < len(ys) else tile_h
