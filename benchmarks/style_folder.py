@@ -7,8 +7,9 @@
 For each size (2K = 2048x1080, 4K = 3840x2160, 8K = 7680x4320, or WxH) a folder of `--images` JPEG photos
 (synthetic: smooth colour fields plus grain, which compress like photos) is stylized to PNG and to JPEG by:
 - ours: `stylize.py`'s folder pipeline as a user runs it (`pixelsmith.style.stylize.run_job`): tiles planned from
-  the free memory (the whole image where it fits), codec worker processes, nvJPEG for JPEG on CUDA, bf16-mixed
-  on CUDA (fp32 on a CPU, `--precision` to change), `--devices` processes;
+  the free memory (the whole image where it fits), codec worker processes, nvJPEG for JPEG on CUDA, precision
+  auto as `stylize.py` (bf16-mixed where the device has native bf16, else fp32; `--precision`), `--devices`
+  processes;
 - peer: pytorch/examples fast_neural_style's published `stylize` method, written here from its description: for
   each file in turn, Pillow decodes it, the whole image goes through the network in one fp32 forward (0..255
   inputs scaled as the network expects), the result is clamped, copied back and saved with Pillow. One image at a
@@ -97,7 +98,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--device", default="auto")
     parser.add_argument("--devices", type=int, default=1, help="processes for ours (one per device)")
     parser.add_argument(
-        "--precision", default=None, help="ours' precision (default bf16-mixed on CUDA, else 32-true)"
+        "--precision",
+        default="auto",
+        help="ours' precision (auto, as stylize.py: bf16 where the device has it)",
     )
     parser.add_argument("--png-compress-level", type=int, default=6)
     parser.add_argument("--base-channels", type=int, default=32)
@@ -111,7 +114,9 @@ def main(argv: list[str] | None = None) -> int:
     on_gpu = device.type == "cuda"
     sizes = [parse_size(s) for s in (args.sizes or (["2K", "4K", "8K"] if on_gpu else ["2K"]))]
     count = args.images or (16 if on_gpu else 4)
-    precision = args.precision or ("bf16-mixed" if on_gpu else "32-true")
+    from pixelsmith.style.pipeline import resolve_precision
+
+    precision = resolve_precision(args.precision, device)
     print(
         f"stylize folder benchmark: {device} ({torch.cuda.get_device_name(device) if on_gpu else 'CPU'}), "
         f"{torch.get_num_threads()} threads, torch {torch.__version__}; TransformerNet {args.base_channels}/"
