@@ -402,9 +402,8 @@ class AdaINModule(StyleTransferModule):
         adain = AdaINNet(self.encoder, self.decoder)
         self._views = {"net": adain, "loss": AdaINLoss(adain, self.content_weight, self.style_weight)}
         self._pending_style: Tensor | None = None  # this iteration's style crops (iteration_plan's)
-        self._static_style: dict[
-            tuple[int, ...], Tensor
-        ] = {}  # under hardware.cuda_graphs: the graphs' inputs
+        # Under hardware.cuda_graphs: the style crops' device buffers the graphs read, one per shape.
+        self._static_style: dict[tuple[int, ...], Tensor] = {}
 
     @property
     def net(self) -> AdaINNet:
