@@ -12,6 +12,10 @@ CHECKOUT = Path(__file__).resolve().parents[1]
 
 
 def child_env(**extra: str) -> dict[str, str]:
-    """This process's environment with the checkout first on PYTHONPATH, plus `extra`."""
-    path = os.pathsep.join(filter(None, [str(CHECKOUT), os.environ.get("PYTHONPATH")]))
+    """This process's environment with the checkout (and its `src/`) first on PYTHONPATH, plus `extra`."""
+    # src/ too: with pixelsmith installed editable from another checkout (a git worktree beside the main one), a
+    # child would otherwise import that checkout's code and measure it instead of this one's.
+    source = CHECKOUT / "src"
+    own = [str(CHECKOUT), *([str(source)] if (source / "pixelsmith").is_dir() else [])]
+    path = os.pathsep.join(filter(None, [*own, os.environ.get("PYTHONPATH")]))
     return {**os.environ, "PYTHONPATH": path, **extra}

@@ -1,15 +1,23 @@
-"""Style-training speed: the template against a plain PyTorch loop of the same style step, side by side.
+"""Style-training speed: the template (eager and with its CUDA graphs), fast_neural_style's method and a plain loop
+of the template's own step, side by side.
 
     python -m benchmarks.style_bench                          # paper size: 256 px, batch 4, TransformerNet 32/5
     python -m benchmarks.style_bench --precisions 32-true bf16-mixed --repeats 5 --steps 30
 
-Each measurement runs in a fresh interpreter, alternating template and plain within a repeat so that a busy machine
-slows both alike. "template" is `train.py experiment=style_fast` at the chosen size (the real Trainer, callbacks,
-core and data loading; sample grids and checkpoints off). "plain" is what a user would write by hand around the very
-same networks and loss (`FastStyleModule.stylizer` and `.criterion`, built from the same config): Adam, autocast,
-channels_last, the same data loader, and nothing else; it is the fast_neural_style training loop. The ratio of the
-two medians is the template's overhead. Reported: img/s (median over repeats of the images per second after
-`--warmup` iterations), the overhead, and the per-iteration median. A GPU run adds the CUDA device to the report.
+Each measurement runs in a fresh interpreter, the kinds' order alternating between repeats so that a busy machine
+slows all alike. The kinds:
+- "template": `train.py experiment=style_fast` at the chosen size with `hardware.cuda_graphs=false` (the real Trainer,
+  callbacks, core and data loading; sample grids and checkpoints off);
+- "template_graphed": the same with `hardware.cuda_graphs=true` (the iteration captured once and replayed; on a
+  machine without CUDA the graphed code runs uncaptured, and the report says so);
+- "peer": fast_neural_style's published training method written as a plain loop (`benchmarks/style_peer.py`: its
+  own TransformerNet and VGG16 loss, fp32 as published, whatever `--precisions` says), the target's yardstick:
+  issue 24 asks for template_graphed / peer >= 1.5 at 256 px, batch 4, on the same GPU;
+- "plain": what a user would write by hand around the template's very networks and loss (`FastStyleModule.stylizer`
+  and `.criterion`, built from the same config): Adam, autocast, channels_last, the same loader; template / plain is
+  the template's overhead.
+All kinds read the same data loader. Reported: img/s (median over repeats of the images per second after `--warmup`
+iterations), the ratios, and the per-iteration medians. A GPU run adds the CUDA device to the report.
 """
 
 from __future__ import annotations
@@ -27,10 +35,15 @@ from typing import Any
 from benchmarks.child import child_env
 from benchmarks.harness import CLOCK_TARGET, IterationClock, compose, require_every_iteration
 
+KINDS = ("template", "template_graphed", "peer", "plain")
+PEER_PRECISION = "32-true"  # fast_neural_style's published loop has no mixed precision
+
 
 def overrides_for(spec: dict[str, Any]) -> list[str]:
     return [
         "experiment=style_fast",
+        # Only template_graphed captures: the GPU profiles turn capture on, and "template" is the eager column.
+        f"hardware.cuda_graphs={str(spec['kind'] == 'template_graphed').lower()}",
         f"hardware={spec['hardware']}",
         f"precision={spec['precision']}",
         f"max_steps={spec['warmup'] + spec['steps']}",
@@ -50,15 +63,42 @@ def overrides_for(spec: dict[str, Any]) -> list[str]:
     ]
 
 
-def _run_template(cfg) -> list[float]:
+def _run_template(cfg) -> tuple[list[float], str]:
+    """The template's run and what became of `hardware.cuda_graphs` in it (from the core's log lines)."""
+    import logging
+
     from omegaconf import open_dict
 
     from pixelsmith.train import run
 
     with open_dict(cfg):  # the GAN bench's clock: the same readings for both benches and both kinds
         cfg.callbacks.bench_clock = {"_target_": CLOCK_TARGET}
-    require_every_iteration(run(cfg), int(cfg.max_steps))
-    return list(IterationClock.ends)
+    said: list[str] = []
+    handler = logging.Handler(logging.INFO)
+    handler.emit = lambda record: said.append(record.getMessage())  # type: ignore[method-assign]
+    logger = logging.getLogger("pixelsmith.core")
+    level = logger.level
+    logger.addHandler(handler)
+    logger.setLevel(logging.INFO)
+    try:
+        require_every_iteration(run(cfg), int(cfg.max_steps))
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(level)
+    return list(IterationClock.ends), _graphs_outcome(bool(cfg.hardware.cuda_graphs), said)
+
+
+def _graphs_outcome(asked: bool, messages: list[str]) -> str:
+    if not asked:
+        return "eager"
+    for message in messages:
+        if "hardware.cuda_graphs=true, but" in message:
+            return "blocked: " + message.split(": ", 1)[-1].split(". Set")[0]
+        if "nothing is captured" in message:
+            return "uncaptured (no CUDA device: the graphed code runs eagerly)"
+        if "graph(s) captured" in message:
+            return message.removeprefix("hardware.cuda_graphs: ")
+    return "graphed"
 
 
 def _run_plain(cfg, iterations: int) -> list[float]:
@@ -102,6 +142,40 @@ def _run_plain(cfg, iterations: int) -> list[float]:
     return ends
 
 
+def _run_peer(cfg, iterations: int) -> list[float]:
+    """fast_neural_style's method (`benchmarks/style_peer.py`) on the template's loader and hardware plan."""
+    import lightning as L
+    import torch
+
+    from benchmarks import style_peer
+    from pixelsmith.builders import build_datamodule, build_plan
+    from pixelsmith.hardware import apply_plan
+    from pixelsmith.style.data import load_style_images
+    from pixelsmith.style.module import resolve_style_paths
+
+    plan = build_plan(cfg)
+    apply_plan(plan)
+    L.seed_everything(cfg.seed, verbose=False)
+    device = torch.device("cuda" if plan.accelerator == "cuda" else "cpu")
+    style = load_style_images(resolve_style_paths(cfg.model.style_images)[:1], int(cfg.model.style_size))[0]
+    datamodule = build_datamodule(cfg, plan)
+    datamodule.prepare_data()
+    datamodule.setup("fit")
+
+    class _Cycled:  # a fresh pass over the loader whenever the peer's loop asks for one (an epoch)
+        def __iter__(self):
+            return (images for images, _skipped in datamodule.train_dataloader())
+
+    return style_peer.train(
+        _Cycled(),
+        style,
+        iterations,
+        device,
+        int(cfg.model.stylizer.base_channels),
+        int(cfg.model.stylizer.num_residual_blocks),
+    )
+
+
 def child_config(spec: dict[str, Any]):
     """The composed config of one run (either kind): the real config tree, outputs in the spec's dir, no time
     budget (`harness.compose`)."""
@@ -115,7 +189,13 @@ def child_main(spec: dict[str, Any]) -> dict[str, Any]:
         torch.set_num_threads(int(spec["threads"]))
     cfg = child_config(spec)
     iterations = spec["warmup"] + spec["steps"]
-    ends = _run_template(cfg) if spec["kind"] == "template" else _run_plain(cfg, iterations)
+    graphs = "eager"
+    if spec["kind"] in ("template", "template_graphed"):
+        ends, graphs = _run_template(cfg)
+    elif spec["kind"] == "peer":
+        ends = _run_peer(cfg, iterations)
+    else:
+        ends = _run_plain(cfg, iterations)
     timed = ends[spec["warmup"] - 1 : iterations]
     seconds = [b - a for a, b in zip(timed, timed[1:], strict=False)]
     return {
@@ -123,6 +203,8 @@ def child_main(spec: dict[str, Any]) -> dict[str, Any]:
         "precision": spec["precision"],
         "img_per_s": spec["batch_size"] * len(seconds) / sum(seconds),
         "median_iteration_ms": 1000 * statistics.median(seconds),
+        "graphs": graphs,
+        "device": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu",
     }
 
 
@@ -143,50 +225,80 @@ def run_child(spec: dict[str, Any], timeout: float = 1800) -> dict[str, Any]:
 
 
 def run_bench(args: argparse.Namespace) -> dict[str, Any]:
-    results: dict[str, dict[str, list[dict[str, Any]]]] = {}
+    """{"rows": {precision: {kind: [result per repeat]}}, "peer": [result per repeat]}: the peer runs once a repeat,
+    in its published precision."""
+    results: dict[str, Any] = {"rows": {}, "peer": []}
+    units = [(precision, kind) for precision in args.precisions for kind in args.kinds if kind != "peer"]
+    if "peer" in args.kinds:
+        units.append((PEER_PRECISION, "peer"))
     with tempfile.TemporaryDirectory(prefix="pixelsmith-style-bench-") as tmp:
         for repeat in range(args.repeats):
-            for precision in args.precisions:
-                for kind in ("template", "plain") if repeat % 2 == 0 else ("plain", "template"):
-                    spec = {
-                        "kind": kind,
-                        "precision": precision,
-                        "hardware": args.hardware,
-                        "batch_size": args.batch_size,
-                        "resolution": args.resolution,
-                        "base_channels": args.base_channels,
-                        "residual_blocks": args.residual_blocks,
-                        "warmup": args.warmup,
-                        "steps": args.steps,
-                        "threads": args.threads,
-                        "output_dir": str(Path(tmp) / f"{kind}_{precision}_{repeat}"),
-                    }
-                    result = run_child(spec)
-                    results.setdefault(precision, {}).setdefault(kind, []).append(result)
-                    print(
-                        f"repeat {repeat} {precision} {kind}: {result['img_per_s']:.2f} img/s",
-                        file=sys.stderr,
-                    )
+            for precision, kind in units if repeat % 2 == 0 else units[::-1]:
+                spec = {
+                    "kind": kind,
+                    "precision": precision,
+                    "hardware": args.hardware,
+                    "batch_size": args.batch_size,
+                    "resolution": args.resolution,
+                    "base_channels": args.base_channels,
+                    "residual_blocks": args.residual_blocks,
+                    "warmup": args.warmup,
+                    "steps": args.steps,
+                    "threads": args.threads,
+                    "output_dir": str(Path(tmp) / f"{kind}_{precision}_{repeat}"),
+                }
+                result = run_child(spec)
+                if kind == "peer":
+                    results["peer"].append(result)
+                else:
+                    results["rows"].setdefault(precision, {}).setdefault(kind, []).append(result)
+                print(f"repeat {repeat} {precision} {kind}: {result['img_per_s']:.2f} img/s", file=sys.stderr)
     return results
 
 
-def report_markdown(results: dict[str, dict[str, list[dict[str, Any]]]], args: argparse.Namespace) -> str:
+def _median(runs: list[dict[str, Any]] | None, key: str = "img_per_s") -> float | None:
+    return statistics.median(r[key] for r in runs) if runs else None
+
+
+def _ratio(a: float | None, b: float | None) -> str:
+    return f"{a / b:.3f}" if a and b else "-"
+
+
+def _rate(value: float | None) -> str:
+    return f"{value:.2f}" if value is not None else "-"
+
+
+def report_markdown(results: dict[str, Any], args: argparse.Namespace) -> str:
+    every = [r for kinds in results["rows"].values() for runs in kinds.values() for r in runs] + results[
+        "peer"
+    ]
+    device = every[0].get("device", "?") if every else "?"
     lines = [
         f"Style training, TransformerNet {args.base_channels}/{args.residual_blocks}, {args.resolution} px, batch "
-        f"{args.batch_size}, hardware={args.hardware}, {args.repeats} repeats x {args.steps} iterations "
+        f"{args.batch_size}, hardware={args.hardware} ({device}), {args.repeats} repeats x {args.steps} iterations "
         f"(after {args.warmup} warm-up), medians over repeats",
         "",
-        "| precision | template img/s | plain loop img/s | template / plain | median iteration (template / plain) |",
-        "|---|---:|---:|---:|---|",
+        "| precision | template eager img/s | template cuda_graphs img/s | fast_neural_style img/s (fp32, as "
+        "published) | plain loop img/s | cuda_graphs / fast_neural_style (issue 24: >= 1.5) | eager / "
+        "fast_neural_style | template / plain | median iteration ms (eager / graphs / fast_neural_style / plain) |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---|",
     ]
-    for precision, kinds in results.items():
-        template = statistics.median(r["img_per_s"] for r in kinds["template"])
-        plain = statistics.median(r["img_per_s"] for r in kinds["plain"])
-        it_t = statistics.median(r["median_iteration_ms"] for r in kinds["template"])
-        it_p = statistics.median(r["median_iteration_ms"] for r in kinds["plain"])
+    peer = _median(results["peer"])
+    peer_ms = _median(results["peer"], "median_iteration_ms")
+    outcomes = set()
+    for precision, kinds in results["rows"].items():
+        eager, graphed, plain = (_median(kinds.get(k)) for k in ("template", "template_graphed", "plain"))
+        ms = [_median(kinds.get(k), "median_iteration_ms") for k in ("template", "template_graphed")]
+        ms += [peer_ms, _median(kinds.get("plain"), "median_iteration_ms")]
+        outcomes |= {r["graphs"] for r in kinds.get("template_graphed", [])}
         lines.append(
-            f"| {precision} | {template:.2f} | {plain:.2f} | {template / plain:.3f} | {it_t:.0f} / {it_p:.0f} ms |"
+            f"| {precision} | {_rate(eager)} | {_rate(graphed)} | {_rate(peer)} | {_rate(plain)} | "
+            f"{_ratio(graphed, peer)} | {_ratio(eager, peer)} | {_ratio(eager, plain)} | "
+            + " / ".join(f"{m:.0f}" if m is not None else "-" for m in ms)
+            + " |"
         )
+    if outcomes:
+        lines += ["", "hardware.cuda_graphs in the template_graphed runs: " + "; ".join(sorted(outcomes))]
     return "\n".join(lines)
 
 
@@ -204,6 +316,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--steps", type=int, default=15)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--threads", type=int, default=None)
+    parser.add_argument("--kinds", nargs="+", choices=KINDS, default=list(KINDS))
     parser.add_argument("--child", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.warmup < 1 or args.steps < 1:

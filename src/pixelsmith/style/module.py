@@ -21,7 +21,7 @@ feed `sample_grid()` (rows content | style | result) and `pixelsmith.style.valid
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Hashable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -103,6 +103,9 @@ class StyleTransferModule(TrainingCore):
     )
     # The step-time breakdown's rows: stylizer and loss-network forward, then the backward split at the stylized image.
     breakdown_phases = ("style_fwd", "loss_fwd", "loss_bwd", "style_bwd")
+    # hardware.cuda_graphs (core/graphs.py): a style iteration is one fixed-shape step of one optimizer with no
+    # branch the host takes, so every iteration launches the same kernels and `iteration_plan` is a constant.
+    supports_cuda_graphs = True
 
     def __init__(
         self,
@@ -208,6 +211,12 @@ class StyleTransferModule(TrainingCore):
     def style_batch(self, content: Tensor) -> Tensor | None:
         """Style images for this iteration's content batch (AdaIN); None when the style is fixed."""
         return None
+
+    def iteration_plan(self, batch: Any) -> Hashable:
+        """The same every iteration: one stylizer step, no lazy phases or host-decided branches (validation and
+        sample grids run in callbacks after the iteration). The batch's shape is part of the graph's key anyway."""
+        del batch
+        return "style"
 
     def train_iteration(self, batch: Any) -> IterationResult:
         images, skipped = batch
@@ -400,6 +409,9 @@ class AdaINModule(StyleTransferModule):
         self.decoder = AdaINDecoder.from_config(self.decoder_config)
         adain = AdaINNet(self.encoder, self.decoder)
         self._views = {"net": adain, "loss": AdaINLoss(adain, self.content_weight, self.style_weight)}
+        self._pending_style: Tensor | None = None  # this iteration's style crops (iteration_plan's)
+        # Under hardware.cuda_graphs: the style crops' device buffers the graphs read, one per shape.
+        self._static_style: dict[tuple[int, ...], Tensor] = {}
 
     @property
     def net(self) -> AdaINNet:
@@ -408,10 +420,30 @@ class AdaINModule(StyleTransferModule):
     def trained(self) -> nn.Module:
         return self.decoder
 
-    def style_batch(self, content: Tensor) -> Tensor:
-        """One random style crop per content image: style index and crop offsets from the core's host RNG (reseeded
-        per iteration, so resuming draws the same ones; host draws keep the GPU from waiting on a `.item()`)."""
-        crop = self.style_crop or int(content.shape[-1])
+    def iteration_plan(self, batch: Any) -> Hashable:
+        """The style crops are this iteration's host decisions: drawn here, before the iteration runs. Under
+        hardware.cuda_graphs they are copied into a device buffer that the captured iteration reads (a replay runs
+        no Python, so a crop made inside it would be the captured iteration's crop forever)."""
+        images = batch[0] if isinstance(batch, list | tuple) else batch
+        crops = self._draw_style_crops(images.shape[0], self.style_crop or int(images.shape[-1]))
+        if self._graphs is None:
+            self._pending_style = crops
+            return "style"
+        key = tuple(crops.shape)
+        static = self._static_style.get(key)
+        if static is None:
+            # One buffer per shape, kept for the run: each graph reads the buffer it was captured with.
+            memory_format = torch.channels_last if self.core.channels_last else torch.contiguous_format
+            static = torch.empty(crops.shape, dtype=crops.dtype, device=self.device)
+            static = self._static_style[key] = static.contiguous(memory_format=memory_format)
+        static.copy_(crops, non_blocking=True)
+        self._pending_style = static
+        return "style"
+
+    def _draw_style_crops(self, count: int, crop: int) -> Tensor:
+        """`count` random style crops (CPU, float [0, 1]): style index and crop offsets from the core's host RNG
+        (reseeded per iteration, so resuming draws the same ones; host draws keep the GPU from waiting on a
+        `.item()`)."""
         if crop > self.style_size:
             raise StyleConfigError(
                 f"Style crops of {crop} px do not fit style images resized to model.style_size={self.style_size}: "
@@ -419,13 +451,25 @@ class AdaINModule(StyleTransferModule):
             )
         rng = self.host_random
         crops = []
-        for _ in range(content.shape[0]):
+        for _ in range(count):
             style = self.styles[rng.randrange(len(self.styles))]
             height, width = style.shape[-2:]
             top = rng.randrange(height - crop + 1)
             left = rng.randrange(width - crop + 1)
             crops.append(style[:, top : top + crop, left : left + crop])
-        batch = torch.stack(crops).to(self.device, non_blocking=True)
+        return torch.stack(crops)
+
+    def style_batch(self, content: Tensor) -> Tensor:
+        """One random style crop per content image, drawn by `iteration_plan` (a caller that drives
+        `train_iteration` alone gets them drawn here); on the device already under hardware.cuda_graphs."""
+        crops = self._pending_style
+        if crops is not None and crops is self._static_style.get(tuple(crops.shape)):
+            # The buffer the graph reads, kept (not consumed): an iteration re-run after a failed capture reads it too.
+            return crops
+        self._pending_style = None
+        if crops is None:
+            crops = self._draw_style_crops(content.shape[0], self.style_crop or int(content.shape[-1]))
+        batch = crops.to(self.device, non_blocking=True)
         if self.core.channels_last:
             batch = batch.contiguous(memory_format=torch.channels_last)
         return batch
