@@ -1,7 +1,7 @@
 """`hardware.cuda_graphs` on a CUDA GPU (`pytest -m gpu`; skipped without one): the template's iteration captured
 and replayed, equal to the eager iteration, in every precision, with lazy R1 and ADA, compiled and not, and
-resumable; fast style training (the paper's network at 256 px, bf16) captured as one graph and replayed. The CPU
-half (the same code uncaptured) is tests/test_cuda_graphs.py, and tests/test_style_graphs.py for style.
+resumable. The CPU half (the same code uncaptured) is tests/test_cuda_graphs.py; style training's GPU capture is
+tests/test_style_gpu_graphs.py.
 """
 
 from __future__ import annotations
@@ -114,54 +114,3 @@ def test_stylegan2_with_path_length_captures(tmp_path, caplog):
         )
     assert _graph_counts(caplog.text) == (3, 7)  # the plans of the test above, path length beside R1
     assert all(v == v for k, v in metrics.items() if k.startswith("loss/"))  # finite, not NaN
-
-
-# Fast style transfer (issue 24, part 6): the paper's network and crop size, random VGG16 weights (the same cost),
-# no validation grids; the GPU profile's precision (bf16).
-STYLE = [
-    "~local",
-    "hardware=auto",
-    "experiment=style_fast",
-    "model.loss_net.pretrained=false",
-    "model.stylizer.base_channels=32",
-    "model.stylizer.num_residual_blocks=5",
-    "data.batch_size=4",
-    "data.resolution=256",
-    "data.resize_shorter=null",
-    "precision=bf16-mixed",
-    "train.progress_bar=false",
-    "logger=csv",
-    "train.sample_every_n_steps=0",
-    "callbacks.style_validation=null",
-    "train.time_budget_minutes=null",  # a cold compile must not end the run early
-    "schedule=warmup_cosine",
-    "schedule.warmup_steps=4",
-    "max_steps=16",
-]
-
-
-@pytest.mark.filterwarnings("ignore::pixelsmith.style.loss_network.RandomLossNetworkWeightsWarning")
-@pytest.mark.filterwarnings("ignore:The number of training batches")
-@pytest.mark.parametrize("compile_", ["false", "true"])
-def test_captured_style_iterations_train_like_eager_ones(tmp_path, caplog, compile_):
-    """16 iterations of style_fast in bf16: one plan, captured at its third iteration (after two warm-up runs) and
-    replayed for the 13 after it; the stylizer ends within bf16's tolerance of the eager run's (cuDNN's algorithm
-    choice puts bit equality out of reach on the GPU), with finite losses."""
-    settings = [f"hardware.compile={compile_}"]
-
-    def train(name, *overrides):
-        cfg = compose_config([*STYLE, *settings, *overrides], tmp_path / name)
-        metrics = run(cfg)
-        path = tmp_path / name / "checkpoints" / "last.ckpt"
-        return metrics, torch.load(path, map_location="cpu", weights_only=True)
-
-    with caplog.at_level(logging.INFO, logger="pixelsmith.core.module"):
-        graphed_metrics, graphed = train("graphed", "hardware.cuda_graphs=true")
-    assert "hardware.cuda_graphs=true, but" not in caplog.text  # nothing blocked the capture
-    assert _graph_counts(caplog.text) == (1, 13)
-    _, eager = train("eager", "hardware.cuda_graphs=false")
-    assert graphed["pixelsmith"]["iteration"] == eager["pixelsmith"]["iteration"] == 16
-    difference = _max_difference(graphed["state_dict"], eager["state_dict"])
-    assert difference < 5e-2, difference
-    assert graphed_metrics["iteration"] == 16
-    assert all(v == v for k, v in graphed_metrics.items() if k.startswith("loss/"))  # finite, not NaN

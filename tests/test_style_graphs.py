@@ -139,3 +139,9 @@ def test_a_style_run_makes_one_plan_warmed_up_twice_captured_once_and_replayed(
     assert graphs.captures == 1 and graphs.graph_count == 1 and graphs.replays == 3
     assert ran == [0, 1, 2]  # warm-up, warm-up, capture; iterations 3-5 were replays
     assert fake_cuda[0].replayed == 4  # right after the capture, then three times
+
+
+def test_both_style_models_declare_an_iteration_plan():
+    from pixelsmith.style.module import AdaINModule, FastStyleModule
+
+    assert FastStyleModule.supports_cuda_graphs and AdaINModule.supports_cuda_graphs
