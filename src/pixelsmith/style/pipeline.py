@@ -32,6 +32,7 @@ import warnings
 from collections import deque
 from collections.abc import Callable
 from concurrent.futures import Future, ProcessPoolExecutor
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -120,24 +121,21 @@ def jpeg_with_icc_profile(jpeg: bytes, icc_profile: bytes | None) -> bytes:
     return jpeg[:insert_at] + segments + jpeg[insert_at:]
 
 
+@contextmanager
 def _quiet_torchvision_io():
     # torchvision 0.29 warns on every decode_jpeg/encode_jpeg call that TorchCodec replaces them (see the docstring).
-    context = warnings.catch_warnings()
-    context.__enter__()
-    warnings.filterwarnings("ignore", message=".*(deprecat|TorchCodec).*")
-    return context
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=".*(deprecat|TorchCodec).*")
+        yield
 
 
 def decode_jpeg_on_device(source: Path, device: torch.device) -> Tensor:
     """(H, W, 3) uint8 on `device`: nvJPEG on CUDA, libjpeg-turbo on a CPU, EXIF orientation applied."""
     from torchvision.io import ImageReadMode, decode_jpeg, read_file
 
-    data = read_file(str(source))
-    context = _quiet_torchvision_io()
-    try:
+    with _quiet_torchvision_io():
+        data = read_file(str(source))
         image = decode_jpeg(data, mode=ImageReadMode.RGB, device=device, apply_exif_orientation=True)
-    finally:
-        context.__exit__(None, None, None)
     if device.type == "cuda":
         torch.cuda.current_stream(device).synchronize()  # pytorch/vision#9606: wait for the decoder's stream
     if image.shape[0] != 3:
@@ -149,11 +147,8 @@ def encode_jpeg_on_device(result: Tensor, target: Path, icc_profile: bytes | Non
     """Encode an (H, W, 3) uint8 tensor where it is (nvJPEG on CUDA) and write it atomically. Main thread only."""
     from torchvision.io import encode_jpeg
 
-    context = _quiet_torchvision_io()
-    try:
+    with _quiet_torchvision_io():
         encoded = encode_jpeg(result.permute(2, 0, 1).contiguous(), quality=JPEG_QUALITY)
-    finally:
-        context.__exit__(None, None, None)
     write_bytes_atomically(jpeg_with_icc_profile(encoded.cpu().numpy().tobytes(), icc_profile), target)
 
 
