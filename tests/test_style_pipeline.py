@@ -33,18 +33,13 @@ from pixelsmith.style.pipeline import (
     save_image,
 )
 from pixelsmith.style.stylize import main, plan_outputs
+from tests.test_style_stylize import photo  # the same small smooth test photo
 
 pytestmark = pytest.mark.filterwarnings(
     "ignore::pixelsmith.style.loss_network.RandomLossNetworkWeightsWarning"
 )
 SMALL = {"base_channels": 8, "num_residual_blocks": 1}
 REPO = Path(__file__).resolve().parents[1]
-
-
-def photo(width: int, height: int, seed: int = 0) -> np.ndarray:
-    rng = np.random.default_rng(seed)
-    small = Image.fromarray(rng.integers(0, 256, (6, 6, 3), dtype=np.uint8))
-    return np.asarray(small.resize((width, height), Image.Resampling.BICUBIC)).copy()
 
 
 @pytest.fixture(scope="module")
