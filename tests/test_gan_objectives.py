@@ -196,6 +196,30 @@ def test_path_length_penalty_matches_a_hand_computation(monkeypatch):
     assert half.logs["pl/mean"].item() == pytest.approx(math.sqrt(8.0), rel=1e-6)
 
 
+def test_path_length_takes_its_gradient_unscaled_so_fp16_does_not_overflow(monkeypatch):
+    """Seen on an H200 with precision=16-mixed: the inner gradient taken at the GradScaler's 2**16 overflowed G's
+    fp16 backward (every length inf, loss/pl NaN). NVlabs' pl_grads are unscaled. Here in fp16, w4 = 4: dL/dimage is
+    1/2 a pixel, dL/dw0..3 = w4 / 2 = 2 (at 2**16 scale: 131072, past fp16's 65504); |J^T y| = sqrt(4 * 2^2 + 2^2)."""
+    monkeypatch.setattr(torch, "randn_like", lambda t, dtype=None: torch.ones_like(t, dtype=dtype))
+    z = torch.tensor([[1.0, 1.0, 1.0, 1.0, 4.0]], dtype=torch.float16)
+    reg = PathLengthPenalty(weight=1.0, decay=1.0, batch_shrink=1)
+    out = reg.loss(_Step(G=_ProductG().half(), scale=2.0**16), {"z": z})
+    assert out.logs["pl/mean"].item() == pytest.approx(math.sqrt(20.0), rel=1e-3)
+    assert math.isfinite(out.logs["loss/pl"].item())
+
+
+def test_a_non_finite_batch_leaves_the_path_length_mean_where_it_was(monkeypatch):
+    """An overflowing batch (the GradScaler skips its step) must not poison pl_mean for the rest of the run."""
+    monkeypatch.setattr(torch, "randn_like", lambda t, dtype=None: torch.ones_like(t, dtype=dtype))
+    reg = PathLengthPenalty(weight=1.0, decay=0.25, batch_shrink=1)
+    reg.loss(_Step(G=_ProductG()), {"z": torch.tensor([[1.0, 1.0, 1.0, 1.0, 2.0]])})
+    before = reg.pl_mean.item()
+    assert before == pytest.approx(0.25 * math.sqrt(8.0), rel=1e-6)  # from 0, decay 0.25: 0.707107
+    huge = reg.loss(_Step(G=_ProductG()), {"z": torch.tensor([[1.0, 1.0, 1.0, 1.0, 1e38]])})  # length inf
+    assert not math.isfinite(huge.logs["loss/pl"].item())
+    assert reg.pl_mean.item() == before
+
+
 class _TwoLayerG(nn.Module):
     """Per-layer ws [N, 2 layers, 2] (z copied to both layers); a 1x2 image: pixel 0 = 3 * ws[:, 0, 0] (layer 0 only),
     pixel 1 = ws[:, 1, 0] * ws[:, 1, 1] (layer 1 only)."""

@@ -231,15 +231,20 @@ class PathLengthPenalty(Regularizer):
         with step.autocast():
             images, w = G(z, return_ws=True)
         noise = torch.randn_like(images, dtype=torch.float32) / math.sqrt(images.shape[2] * images.shape[3])
-        scale = step.loss_scale()
-        (grads,) = torch.autograd.grad((images.float() * noise).sum() * scale, w, create_graph=True)
-        squared = (grads.float() / scale).square().sum(dim=-1)
+        # Unscaled, as NVlabs' pl_grads: the probe is already about 1/sqrt(H*W) a pixel, well inside fp16's range.
+        # The fp16 GradScaler's 2**16 (R1's choice, whose gradient is small) overflowed G's fp16 backward here: on
+        # an H200 (2026-11-26) every path length came back inf and the penalty NaN.
+        (grads,) = torch.autograd.grad((images.float() * noise).sum(), w, create_graph=True)
+        squared = grads.float().square().sum(dim=-1)
         if squared.ndim > 1:  # per-layer ws [N, layers, w_dim]: StyleGAN2's code averages over the layers
             squared = squared.mean(dim=1)
         lengths = squared.sqrt()
         batch_mean = step.mean_over_ranks(lengths.detach().mean())
         with torch.no_grad():
-            self.pl_mean.copy_(self.pl_mean.lerp(batch_mean.to(self.pl_mean.dtype), self.decay))
+            # A non-finite batch (an fp16 overflow the GradScaler will skip) must not poison the running mean for the
+            # rest of the run: the mean keeps its value, decided on the device (no host read).
+            moved = self.pl_mean.lerp(batch_mean.to(self.pl_mean.dtype), self.decay)
+            self.pl_mean.copy_(torch.where(torch.isfinite(moved), moved, self.pl_mean))
         penalty = (lengths - self.pl_mean).square().mean()
         return PhaseLoss(
             penalty * self.weight, {"loss/pl": penalty.detach(), "pl/mean": self.pl_mean.detach().clone()}
