@@ -159,7 +159,10 @@ def test_8k_stylize_with_auto_tiles_writes_png_and_jpeg_of_the_input_size(tmp_pa
             assert np.asarray(result).std() > 1  # a picture, not a flat fill
         assert min(times.decode, times.network, times.blend, times.encode) > 0, times
         if not ON_CPU:  # the device pipeline: the image goes to the GPU once and comes back once
-            assert times.copy_in > 0 and times.copy_out > 0, times
+            assert times.copy_in > 0, times
+            # A PNG comes back as pixels; a JPEG is encoded on the GPU (nvJPEG) and only its bytes come back, timed
+            # with the encode (on the H200, 2026-11-26: copy_out 0, encode 0.35 s).
+            assert (times.copy_out > 0) == (suffix == ".png"), times
     plans = _tiling_messages(caplog, "tile=auto for")
     assert len(plans) == 2 and all(
         f"{STYLIZE_SIZE[0]}x{STYLIZE_SIZE[1]} on {STYLIZE_DEVICE}" in p for p in plans

@@ -102,6 +102,20 @@ def test_perceptual_style_loss_terms_and_gradients():
         PerceptualStyleLoss(loss_net, content_layers=("relu5_3",))
 
 
+def test_the_target_grams_follow_the_loss_module_to_its_device_and_dtype():
+    """Like buffers: on an H200 the targets stayed on the CPU and every iteration copied them to the GPU (a host
+    sync, and a CUDA graph refused to capture the copy). The meta device stands in for the GPU here."""
+    criterion = PerceptualStyleLoss(VGGFeatures("vgg16", pretrained=False), style_weight=1e5)
+    criterion.set_style(torch.rand(3, 32, 32))
+    image = torch.rand(1, 3, 32, 32)
+    assert criterion(image, image).style > 0  # the loss reads the targets as they are
+    assert {g.device.type for g in criterion.target_grams.values()} == {"cpu"}
+    criterion.to(torch.float64)
+    assert {g.dtype for g in criterion.target_grams.values()} == {torch.float64}
+    criterion.to("meta")
+    assert {g.device.type for g in criterion.target_grams.values()} == {"meta"}
+
+
 def test_adain_loss_is_zero_style_for_own_statistics_and_trains_decoder_only():
     torch.manual_seed(0)
     net = AdaINNet.build(pretrained=False, decoder={"width": 0.25})

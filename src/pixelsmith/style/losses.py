@@ -129,6 +129,14 @@ class PerceptualStyleLoss(nn.Module):
                 grams[name].append(gram_matrix(features[name]))
         self.target_grams = {name: torch.cat(g).mean(0, keepdim=True) for name, g in grams.items()}
 
+    def _apply(self, fn, recurse: bool = True):
+        # The targets follow .to()/.cuda() like a buffer (a plain dict is not traversed by nn.Module). Copying them to
+        # the output's device in every forward made each iteration wait for a host-to-device copy, and a CUDA graph
+        # refused to capture it ("Cannot copy between CPU and CUDA tensors during CUDA graph capture"; H200).
+        super()._apply(fn, recurse)
+        self.target_grams = {name: fn(gram) for name, gram in self.target_grams.items()}
+        return self
+
     def forward(self, output: Tensor, content: Tensor) -> LossTerms:
         """output: stylized batch; content: the input batch (both float in [0, 1])."""
         if not self.target_grams:
@@ -137,8 +145,7 @@ class PerceptualStyleLoss(nn.Module):
             content_features = self.loss_net(content, layers=self.content_layers)
         output_features = self.loss_net(output, layers=self.content_layers + self.style_layers)
         c_loss = sum(content_loss(output_features[n], content_features[n]) for n in self.content_layers)
-        targets = {name: gram.to(output.device) for name, gram in self.target_grams.items()}
-        s_loss = style_loss(output_features, targets, self.style_layer_weights)
+        s_loss = style_loss(output_features, self.target_grams, self.style_layer_weights)
         tv = total_variation_loss(output)
         total = self.content_weight * c_loss + self.style_weight * s_loss + self.tv_weight * tv
         return LossTerms(total, c_loss.detach(), s_loss.detach(), tv.detach())
