@@ -306,3 +306,55 @@ def test_two_processes_run_the_graphed_iteration_with_the_all_reduce_inside_it(t
     report = json.loads((tmp_path / "true" / "ddp_consistency.json").read_text())
     assert report["max_abs_diff"] == 0.0 and report["grad_allreduce_calls_per_rank"] == [8, 8]
     _assert_states_close(_state(tmp_path / "true"), _state(tmp_path / "false"), exact=True)
+
+
+@pytest.mark.parametrize(
+    ("mode", "cuda_graphs", "inductor_graphs"),
+    [("reduce-overhead", "false", True), ("max-autotune", "false", True), ("reduce-overhead", "true", False)],
+)
+def test_under_inductors_own_cuda_graphs_fakes_for_d_are_copies_and_each_iteration_is_marked(
+    make_cfg, monkeypatch, mode, cuda_graphs, inductor_graphs
+):
+    """On an H200, compile_mode=reduce-overhead / max-autotune failed in Dmain: G's fakes (an inference call, no
+    backward pending) were overwritten by D's replay before D read them. They are now cloned, and every iteration
+    tells the cudagraph trees where it starts. Under hardware.cuda_graphs the modes give way (no clone, no mark)."""
+    from pixelsmith.builders import build_core_settings, build_model, build_plan
+
+    cfg = make_cfg(
+        "hardware.compile=true", f"hardware.compile_mode={mode}", f"hardware.cuda_graphs={cuda_graphs}"
+    )
+    module = build_model(cfg, build_core_settings(cfg, build_plan(cfg)))
+    module.configure_model()  # nn.Module.compile is lazy: nothing is compiled until a network runs
+    assert module.inductor_cuda_graphs is inductor_graphs
+    returned = []
+    generator_forward = module.generator.forward
+
+    def recording_forward(*args, **kwargs):
+        returned.append(generator_forward(*args, **kwargs))
+        return returned[-1]
+
+    monkeypatch.setattr(module.generator, "forward", recording_forward)
+    module.generator._compiled_call_impl = (
+        None  # the eager forward: this test checks the wrapper, not inductor
+    )
+    z = torch.randn(2, module.z_dim)
+    fakes = module.G_forward(z, grad=False)
+    assert torch.equal(fakes, returned[-1])
+    assert (fakes.data_ptr() != returned[-1].data_ptr()) is inductor_graphs
+    trained = module.G_forward(z)  # with a gradient the backward keeps G's output alive: no copy
+    assert trained.data_ptr() == returned[-1].data_ptr()
+
+    marks = []
+    monkeypatch.setattr(torch.compiler, "cudagraph_mark_step_begin", lambda: marks.append(1))
+    monkeypatch.setattr(module, "iteration_plan", lambda batch: None)
+
+    class Stop(Exception):
+        pass
+
+    def stop(batch):
+        raise Stop
+
+    monkeypatch.setattr(module, "_device_iteration", stop)
+    with pytest.raises(Stop):
+        module.training_step(torch.zeros(2, 1, 32, 32, dtype=torch.uint8), 0)
+    assert len(marks) == int(inductor_graphs)

@@ -71,35 +71,51 @@ def _max_difference(a, b) -> float:
 def test_captured_iterations_train_like_eager_ones(tmp_path, caplog, precision, compile_, tolerance):
     """16 iterations of three plans: lazy R1 at 0, 4, 8, 12 (ADA counting), the main phases at 2, 6, 10, 14, and the
     main phases with ADA adjusting p at every odd iteration. Each plan is captured at its third occurrence (after
-    two warm-up runs: at 8, 10 and 5) and replayed after that (12; 14; 7, 9, 11, 13, 15). The weights stay within
-    `tolerance` of the eager run's (cuDNN's algorithm choice and atomics put bit equality out of reach on the GPU;
-    fp32 without TF32 must agree closely)."""
+    two warm-up runs: at 8, 10 and 5) and replayed after that (12; 14; 7, 9, 11, 13, 15).
+
+    The weights stay within `tolerance` of the eager run's, or within twice what two eager runs differ by (the floor,
+    measured here): atomics in cuDNN's and grid_sample's backward put bit equality out of reach, and Adam turns any
+    sign flip of a tiny gradient into a whole step of lr (2 * sum(lr) is about 0.02 over these 16 iterations; on an
+    H200, 2026-11-26, fp32 graphed and eager differed by 0.028)."""
     settings = [
         f"precision={precision}",
         f"hardware.compile={compile_}",
         "hardware.matmul_precision=highest",
         "hardware.allow_tf32=false",
+        "hardware.cudnn_benchmark=false",  # one algorithm per convolution in every run, not the fastest of a race
     ]
     with caplog.at_level(logging.INFO, logger="pixelsmith.core.module"):
         graphed_metrics, graphed = _train(tmp_path, "graphed", *settings, "hardware.cuda_graphs=true")
     captured, replayed = _graph_counts(caplog.text)
     assert (captured, replayed) == (3, 7)
     _, eager = _train(tmp_path, "eager", *settings, "hardware.cuda_graphs=false")
+    _, eager_again = _train(tmp_path, "eager_again", *settings, "hardware.cuda_graphs=false")
     assert graphed["pixelsmith"]["iteration"] == eager["pixelsmith"]["iteration"] == 16
+    floor = _max_difference(eager_again["state_dict"], eager["state_dict"])
     difference = _max_difference(graphed["state_dict"], eager["state_dict"])
-    assert difference < tolerance, difference
+    assert difference <= max(tolerance, 2 * floor), (difference, floor)
     assert float(graphed["state_dict"]["augment.p"]) != 0.3  # ADA adjusted inside the graphs
     assert graphed_metrics["iteration"] == 16
 
 
 def test_a_captured_run_resumes_bit_exactly(tmp_path):
-    settings = ["precision=bf16-mixed", "hardware.cuda_graphs=true", "hardware.compile=false"]
+    """A run stopped at 8 and resumed ends where a straight run does, within the bf16 tolerance above or twice what
+    two straight runs differ by (measured here: the GPU's atomics, see the test above). On an H200 (2026-11-26)
+    resumed and straight differed by 0.20 with no floor measured: this says whether that is resume or noise."""
+    settings = [
+        "precision=bf16-mixed",
+        "hardware.cuda_graphs=true",
+        "hardware.compile=false",
+        "hardware.cudnn_benchmark=false",
+    ]
     _, straight = _train(tmp_path, "straight", *settings, "train.checkpoint_every_n_steps=8")
+    _, straight_again = _train(tmp_path, "straight_again", *settings, "train.checkpoint_every_n_steps=8")
     _train(tmp_path, "leg", *settings, "max_steps=8")
     ckpt = tmp_path / "leg" / "checkpoints" / "last.ckpt"
     _, resumed = _train(tmp_path, "leg", *settings, f"ckpt_path={ckpt}")
-    # Deterministic kernels are not asked for: compare to the eager GPU test's tolerance in bf16.
-    assert _max_difference(straight["state_dict"], resumed["state_dict"]) < 5e-2
+    floor = _max_difference(straight["state_dict"], straight_again["state_dict"])
+    difference = _max_difference(straight["state_dict"], resumed["state_dict"])
+    assert difference <= max(5e-2, 2 * floor), (difference, floor)
 
 
 def test_stylegan2_with_path_length_captures(tmp_path, caplog):

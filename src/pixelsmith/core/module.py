@@ -155,6 +155,9 @@ class TrainingCore(L.LightningModule):
         # hardware.cuda_graphs (core/graphs.py): set up in on_train_start, None when the run launches eagerly. The
         # iteration number and images seen then also live on the device, advanced inside the captured iteration.
         self._graphs: IterationGraphs | None = None
+        # compile_mode=reduce-overhead / max-autotune without hardware.cuda_graphs: inductor's own CUDA graphs
+        # (cudagraph trees), whose outputs a later replay may overwrite (`keep_compiled_output`).
+        self.inductor_cuda_graphs = False
         self._iteration_t: torch.Tensor | None = None
         self._images_seen_t: torch.Tensor | None = None
         self._allreduces_this_iteration = 0
@@ -183,6 +186,10 @@ class TrainingCore(L.LightningModule):
         """Lightning's hook, owned by the core: the model's `train_iteration` with the end of the iteration's device
         work (EMA, buffer sync), replayed as a CUDA graph under `hardware.cuda_graphs`, then the host's end."""
         plan = self.iteration_plan(batch)
+        if self.inductor_cuda_graphs:
+            # Nothing a compiled network returned in the last iteration is read again: say so to inductor's cudagraph
+            # trees rather than leave them to guess the iteration's start from pending backwards.
+            torch.compiler.cudagraph_mark_step_begin()
         graphs = self._graphs
         if graphs is not None and self._phase_timer is not None:
             graphs.give_up("a profiler (profiler=breakdown|torch) times the phases on the host")
@@ -262,6 +269,14 @@ class TrainingCore(L.LightningModule):
                 self._precision.load_state_dict(self._pending_precision_state)
         return self._precision
 
+    def keep_compiled_output(self, tensor: torch.Tensor) -> torch.Tensor:
+        """`tensor`, safe to read after other compiled networks have run. Under inductor's CUDA graphs (compile_mode
+        reduce-overhead or max-autotune) a network's output lives in the graphs' shared pool, and an inference
+        call's (no backward pending) is overwritten by the next replay: on an H200 D read G's overwritten fakes
+        ("accessing tensor output of CUDAGraphs that has been overwritten by a subsequent run"). Then it is cloned;
+        otherwise returned as it is."""
+        return tensor.clone() if self.inductor_cuda_graphs else tensor
+
     def configure_model(self) -> None:
         if self.core.channels_last and self._fsdp is not None:
             # FSDP2 refuses non-contiguous parameters and gathers them contiguous anyway; convolutions still pick
@@ -273,6 +288,7 @@ class TrainingCore(L.LightningModule):
             if self.core.compile:
                 # nn.Module.compile compiles in place: state_dict keys keep their names (no `_orig_mod.`).
                 mode = _compile_mode_under_graphs(self.core.compile_mode, self.core.cuda_graphs)
+                self.inductor_cuda_graphs = mode in INDUCTOR_CUDA_GRAPH_MODES
                 log.info("Compiling %s (mode=%s)", name, mode)
                 net.compile(mode=mode)
         if self._fsdp is not None:
@@ -855,6 +871,9 @@ class TrainingCore(L.LightningModule):
         self._precision = None
 
 
+# torch.compile's modes that capture CUDA graphs of their own (cudagraph trees).
+INDUCTOR_CUDA_GRAPH_MODES = ("reduce-overhead", "max-autotune")
+
 # Lightning calls these from inside `manual_backward`, i.e. inside a captured iteration: a replay would skip them.
 _HOOKS_INSIDE_THE_STEP = ("on_before_backward", "on_after_backward")
 
@@ -862,7 +881,7 @@ _HOOKS_INSIDE_THE_STEP = ("on_before_backward", "on_after_backward")
 def _compile_mode_under_graphs(mode: str, cuda_graphs: bool) -> str:
     """The compile mode to use: under hardware.cuda_graphs the whole iteration is one graph already, and
     reduce-overhead / max-autotune's own CUDA graphs inside it cannot be captured again."""
-    replacement = {"reduce-overhead": "default", "max-autotune": "max-autotune-no-cudagraphs"}
+    replacement = dict(zip(INDUCTOR_CUDA_GRAPH_MODES, ("default", "max-autotune-no-cudagraphs"), strict=True))
     if not cuda_graphs or mode not in replacement:
         return mode
     log.info(

@@ -110,7 +110,10 @@ class GANModule(TrainingCore):
     def G_forward(self, z: torch.Tensor, *conditions: torch.Tensor, grad: bool = True) -> torch.Tensor:
         grad_enabled = torch.set_grad_enabled(grad and torch.is_grad_enabled())
         with self._forward_phase("G_fwd"), grad_enabled, self.autocast():
-            return self.generator(z, *conditions)
+            images = self.generator(z, *conditions)
+        # Without a gradient no backward holds the images for D: under inductor's CUDA graphs D's replay would
+        # overwrite them before D reads them (Dmain's fakes, seen on an H200).
+        return images if grad else self.keep_compiled_output(images)
 
     def D_forward(self, images: torch.Tensor, *conditions: torch.Tensor, reals: bool = False) -> torch.Tensor:
         with self._forward_phase("D_fwd"), self.autocast():
