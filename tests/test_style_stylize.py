@@ -221,6 +221,7 @@ def test_entry_point_help_runs_as_a_script():
         ({"alpha": 1.5}, "alpha=1.5 must be in"),
         ({"tile": "huge"}, "tile='huge': a number of pixels or auto"),
         ({"memory_fraction": 0.0}, "memory_fraction=0.0 must be in"),
+        ({"compile": "yes"}, "compile='yes'; choose one of auto, true, false"),
     ],
 )
 def test_bad_options_are_one_message_not_a_traceback(fast_ckpt, tmp_path, option, message):

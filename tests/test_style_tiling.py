@@ -325,3 +325,34 @@ def test_an_auto_tile_that_runs_out_of_memory_is_halved(net, photo, monkeypatch,
     assert retries == ["tile=auto: the whole image ran out of memory on cpu; retrying with 128-px tiles."]
     with pytest.raises(torch.OutOfMemoryError):  # a tile the user fixed is not second-guessed
         stylize_tiled(net, photo, tile=192, overlap=16, thumbnail_statistics=False)
+
+
+def test_compiled_tiles_match_eager_ones_and_a_second_image_compiles_nothing(photo):
+    """compile=true: one graph per tile batch shape, the thumbnail's statistics fed in as tensors, so the next image
+    of the same plan replays the same graphs (issue 24: "compiled ... over fixed tile shapes")."""
+    from tests.compile_counts import compile_counts
+
+    torch.manual_seed(0)
+    small = TransformerNet(base_channels=8, num_residual_blocks=1).eval()
+    other = np.ascontiguousarray(photo[::-1])  # the same size, other pixels (and statistics)
+    settings = dict(tile=128, overlap=32, batch_size=2, thumbnail_size=128)  # 3x3 tiles: batches of 2 and 1
+    eager = [stylize_tiled(small, image, **settings) for image in (photo, other)]
+    with compile_counts() as first:
+        compiled = [stylize_tiled(small, photo, **settings, compile=True)]
+    with compile_counts() as second:
+        compiled.append(stylize_tiled(small, other, **settings, compile=True))
+    assert first.graphs >= 1 and second.graphs == 0, (first, second)
+    for a, b in zip(compiled, eager, strict=True):
+        assert np.abs(a.astype(int) - b).max() <= 1  # fp32: inductor's fused instance norm, rounding only
+    assert all("forward" not in module.__dict__ for _, module in statistic_layers(small))  # restored
+
+
+def test_compile_auto_compiles_on_cuda_and_for_cpu_folders_of_several_images():
+    from pixelsmith.style.pipeline import CPU_COMPILE_MIN_IMAGES, compile_tiles
+
+    cpu, cuda = torch.device("cpu"), torch.device("cuda")
+    assert compile_tiles("auto", cuda, 1) and not compile_tiles("auto", cpu, CPU_COMPILE_MIN_IMAGES - 1)
+    assert compile_tiles("auto", cpu, CPU_COMPILE_MIN_IMAGES) and not compile_tiles("false", cuda, 100)
+    assert compile_tiles("true", cpu, 1)
+    with pytest.raises(ValueError, match="compile='yes'; choose one of auto, true, false"):
+        compile_tiles("yes", cpu, 1)

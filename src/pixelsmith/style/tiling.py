@@ -28,6 +28,7 @@ from __future__ import annotations
 import logging
 import math
 import time
+import weakref
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, fields
@@ -123,11 +124,20 @@ def _make_forward(name: str, module: nn.Module, statistics: InstanceStatistics, 
 @contextmanager
 def _swapped_forwards(model: nn.Module, statistics: InstanceStatistics, record: bool) -> Iterator[None]:
     """Replace the statistic layers' forward on the instances (not the classes) and restore them on exit."""
+    forwards = {
+        name: _make_forward(name, module, statistics, record) for name, module in statistic_layers(model)
+    }
+    with _installed_forwards(model, forwards):
+        yield
+
+
+@contextmanager
+def _installed_forwards(model: nn.Module, forwards: dict[str, Callable]) -> Iterator[None]:
     layers = statistic_layers(model)
     saved = [(module, module.__dict__.get("forward")) for _, module in layers]
     try:
         for name, module in layers:
-            module.forward = _make_forward(name, module, statistics, record)
+            module.forward = forwards[name]
         yield
     finally:
         for module, previous in saved:
@@ -162,6 +172,52 @@ def thumbnail_instance_norm(model: nn.Module, thumbnail: Tensor) -> Iterator[Ins
     statistics = record_instance_norm_statistics(model, thumbnail)
     with frozen_instance_norm_statistics(model, statistics):
         yield statistics
+
+
+class CompiledTiles:
+    """The stylizer's forward compiled once per tile batch shape (`torch.compile(dynamic=False)`) and reused for every
+    tile of every image of that shape: a folder compiles once.
+
+    The thumbnail's statistics reach the compiled code as tensors it reads, not as constants: each image's are
+    copied into the same tensors, and the same frozen forwards are installed every time, so Dynamo's guards hold and
+    nothing recompiles. The recording pass on the thumbnail runs eagerly (its shape is the thumbnail's)."""
+
+    def __init__(self, model: nn.Module, mode: str = "default"):
+        self.model = model
+        self.mode = mode
+        self.statistics: InstanceStatistics = {}
+        self.forwards = {
+            name: _make_forward(name, module, self.statistics, record=False)
+            for name, module in statistic_layers(model)
+        }
+        self.compiled = torch.compile(model, dynamic=False, mode=mode)
+
+    def __call__(self, batch: Tensor) -> Tensor:
+        return self.compiled(batch)
+
+    @contextmanager
+    def frozen(self, recorded: InstanceStatistics) -> Iterator[None]:
+        """Inside: the compiled forward normalises with `recorded` (copied into the tensors it reads)."""
+        for name, (mean, var) in recorded.items():
+            held = self.statistics.get(name)
+            if held is not None and held[0].shape == mean.shape and held[0].device == mean.device:
+                held[0].copy_(mean)
+                held[1].copy_(var)
+            else:
+                self.statistics[name] = (mean.clone(), var.clone())
+        with _installed_forwards(self.model, self.forwards):
+            yield
+
+
+_compiled_tiles: weakref.WeakKeyDictionary[nn.Module, CompiledTiles] = weakref.WeakKeyDictionary()
+
+
+def compiled_tiles(model: nn.Module, mode: str = "default") -> CompiledTiles:
+    """The model's `CompiledTiles`, made on first use and kept as long as the model lives."""
+    found = _compiled_tiles.get(model)
+    if found is None or found.mode != mode:
+        found = _compiled_tiles[model] = CompiledTiles(model, mode)
+    return found
 
 
 # ------------------------------------------------------------------------------------------------- geometry
@@ -462,6 +518,7 @@ def stylize_tiled(
     budget_bytes: int | None = None,
     times: StageTimes | None = None,
     return_tensor: bool = False,
+    compile: bool = False,
 ) -> np.ndarray | Tensor:
     """Stylize an (H, W, 3) uint8 image of any size with overlapping tiles; returns (H, W, 3) uint8.
 
@@ -480,6 +537,8 @@ def stylize_tiled(
     pipeline: "device" keeps the image, tiles, blend and output on `device` until one copy back; "host" reads tiles
       from the numpy image one by one (bounded host memory); "auto" = device on CUDA, host otherwise.
     on_tiles_done(done, total): progress callback after every batch. times: filled with the stages' seconds.
+    compile: run the tiles through `compiled_tiles(model)`: one compiled graph per tile batch shape, reused by
+      every later image of the same plan (the first image pays the compile).
     """
     if image.ndim != 3 or image.shape[2] != 3 or image.dtype not in (np.uint8, torch.uint8):
         raise ValueError(f"Expected an (H, W, 3) uint8 array, got shape {image.shape} dtype {image.dtype}.")
@@ -498,6 +557,7 @@ def stylize_tiled(
         image = image.cpu().numpy()
     memory_format = torch.channels_last if channels_last else torch.contiguous_format
     model.eval().to(device=device, memory_format=memory_format)
+    forward = compiled_tiles(model) if compile else model
     whole = False
     times_requested = times is not None
     times = times if times is not None else StageTimes()
@@ -542,7 +602,10 @@ def stylize_tiled(
                 thumbnail = make_thumbnail(image, thumbnail_size, multiple).to(
                     device, memory_format=memory_format
                 )
-                statistics_context = thumbnail_instance_norm(model, thumbnail)
+                if compile:
+                    statistics_context = forward.frozen(record_instance_norm_statistics(model, thumbnail))
+                else:
+                    statistics_context = thumbnail_instance_norm(model, thumbnail)
             else:  # one tile covering the image takes its statistics from the image itself, as whole inference does
                 statistics_context = nullcontext()
             with statistics_context:
@@ -560,7 +623,7 @@ def stylize_tiled(
                                 )
                             batch = batch.to(device).contiguous(memory_format=memory_format)
                         with times.stage("network", sync):
-                            result = model(batch).float().to(work)
+                            result = forward(batch).float().to(work)
                         if result.shape[-2:] != (tile_h, tile_w):
                             raise ValueError(
                                 f"The model changed the tile size {(tile_h, tile_w)} to {result.shape[-2:]}."
