@@ -356,3 +356,25 @@ def test_compile_auto_compiles_on_cuda_and_for_cpu_folders_of_several_images():
     assert compile_tiles("true", cpu, 1)
     with pytest.raises(ValueError, match="compile='yes'; choose one of auto, true, false"):
         compile_tiles("yes", cpu, 1)
+
+
+def test_a_stylizer_that_torch_compile_cannot_take_runs_eagerly_with_one_warning(photo, monkeypatch, caplog):
+    import torch._dynamo.exc
+
+    torch.manual_seed(0)
+    small = TransformerNet(base_channels=8, num_residual_blocks=1).eval()
+    calls = []
+
+    def refuse(batch):
+        calls.append(batch.shape)
+        raise torch._dynamo.exc.Unsupported("a graph break this test stands in for")
+
+    compiled = tiling.compiled_tiles(small)
+    monkeypatch.setattr(compiled, "compiled", refuse)
+    settings = dict(tile=128, overlap=32, batch_size=2, thumbnail_size=128)
+    with caplog.at_level("WARNING", logger="pixelsmith.style.tiling"):
+        result = stylize_tiled(small, photo, **settings, compile=True)
+    assert np.array_equal(result, stylize_tiled(small, photo, **settings))
+    assert len(calls) == 1  # tried once, then eager for every later batch
+    assert caplog.text.count("torch.compile failed on the stylizer (Unsupported") == 1
+    assert "compile=false" in caplog.text

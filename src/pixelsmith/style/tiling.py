@@ -191,9 +191,21 @@ class CompiledTiles:
             for name, module in statistic_layers(model)
         }
         self.compiled = torch.compile(model, dynamic=False, mode=mode)
+        self.failure: str | None = None
 
     def __call__(self, batch: Tensor) -> Tensor:
-        return self.compiled(batch)
+        if self.failure is None:
+            try:
+                return self.compiled(batch)
+            except torch._dynamo.exc.TorchDynamoException as error:
+                # A stylizer torch.compile cannot take (a fork's own network, an old GPU) still stylizes: eagerly.
+                self.failure = f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}"
+                log.warning(
+                    "compile: torch.compile failed on the stylizer (%s); its tiles run eagerly. Set compile=false "
+                    "to skip the attempt.",
+                    self.failure,
+                )
+        return self.model(batch)
 
     @contextmanager
     def frozen(self, recorded: InstanceStatistics) -> Iterator[None]:
