@@ -12,9 +12,13 @@ import pytest
 import torch
 import torch._dynamo
 
-from pixelsmith.entry import guarded_run
-from pixelsmith.gan.module import GANModule
-from pixelsmith.train import run
+# General code checked with the GAN part as its vehicle: a fork without it (README "Removing a part") skips
+# this file rather than failing to import it.
+pytest.importorskip("pixelsmith.gan", reason="the GAN part is removed from this fork")
+
+from pixelsmith.entry import guarded_run  # noqa: E402
+from pixelsmith.gan.module import GANModule  # noqa: E402
+from pixelsmith.train import run  # noqa: E402
 
 
 def _fail_at_iteration(monkeypatch, iteration: int, error: BaseException) -> None:

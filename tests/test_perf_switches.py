@@ -14,12 +14,16 @@ import torch
 from hydra.errors import ConfigCompositionException
 from torch import nn
 
-from pixelsmith.builders import build_core_settings, build_datamodule, build_model, build_plan
-from pixelsmith.core.optim import adam_implementation
-from pixelsmith.errors import PixelsmithError
-from pixelsmith.gan.networks.stylegan2 import StyleGAN2Discriminator
-from pixelsmith.hardware import apply_plan
-from pixelsmith.train import run
+# General code checked with the GAN part as its vehicle: a fork without it (README "Removing a part") skips
+# this file rather than failing to import it.
+pytest.importorskip("pixelsmith.gan", reason="the GAN part is removed from this fork")
+
+from pixelsmith.builders import build_core_settings, build_datamodule, build_model, build_plan  # noqa: E402
+from pixelsmith.core.optim import adam_implementation  # noqa: E402
+from pixelsmith.errors import PixelsmithError  # noqa: E402
+from pixelsmith.gan.networks.stylegan2 import StyleGAN2Discriminator  # noqa: E402
+from pixelsmith.hardware import apply_plan  # noqa: E402
+from pixelsmith.train import run  # noqa: E402
 
 
 def _model(cfg):

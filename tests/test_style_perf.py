@@ -12,8 +12,8 @@ from torch import nn
 
 from pixelsmith.perf.breakdown import PHASE_TOLERANCE
 from pixelsmith.train import run
+from tests.breakdown_checks import BATCH, assert_breakdown_run_reports_flops_and_mfu
 from tests.conftest import compose_config
-from tests.test_perf_flops_models import BATCH, assert_breakdown_run_reports_flops_and_mfu
 
 pytestmark = [
     pytest.mark.filterwarnings("ignore::pixelsmith.style.loss_network.RandomLossNetworkWeightsWarning"),
