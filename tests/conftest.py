@@ -71,6 +71,8 @@ SMALL = {
         "model.discriminator.channel_base=512",
         "model.discriminator.channel_max=32",
     ],
+    # 16 channels, 2 groups: the reference's 16 channels a group at expansion 2
+    "r3gan": ["model=r3gan", "model.generator.widths=[16,16,16,16]", "model.generator.groups=[2,2,2,2]"],
 }
 
 

@@ -89,7 +89,9 @@ def test_accumulation_equals_one_bigger_batch(make_cfg, tmp_path):
     assert max((small[k].float() - big[k].float()).abs().max().item() for k in big) > 1e-4
 
 
-@pytest.mark.parametrize(("model", "initial_p"), [("dcgan", 0.2), ("stylegan2", 0.2), ("dcgan", 0.0)])
+@pytest.mark.parametrize(
+    ("model", "initial_p"), [("dcgan", 0.2), ("stylegan2", 0.2), ("dcgan", 0.0), ("r3gan", 0.2)]
+)
 def test_resume_continues_bit_for_bit(make_cfg, tmp_path, model, initial_p):
     """8 straight iterations == 4 iterations, a resume from last.ckpt, 4 more: weights, EMA, Adam state, schedules,
     ADA probability and counters all identical. With p starting at 0 the host's bound on p (raised by each
@@ -123,6 +125,8 @@ def test_resume_continues_bit_for_bit(make_cfg, tmp_path, model, initial_p):
     assert any("augment" in k for k in straight["state_dict"])
     if model == "stylegan2":
         assert straight["state_dict"]["objective.regularizers.path_length.pl_mean"] > 0
+    if model == "r3gan":  # gamma's schedule counts D-step images: 8 iterations x half the loader batch of 16
+        assert straight["state_dict"]["objective.images_seen"] == 8 * 8
     for opt_a, opt_b in zip(straight["optimizer_states"], resumed["optimizer_states"], strict=True):
         for pid, st in opt_a["state"].items():
             for name, tensor in st.items():

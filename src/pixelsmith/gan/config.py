@@ -138,3 +138,53 @@ class StyleGAN2ModelConfig(GANModelConfig):
 
     generator: StyleGAN2GeneratorConfig = field(default_factory=StyleGAN2GeneratorConfig)
     discriminator: StyleGAN2DiscriminatorConfig = field(default_factory=StyleGAN2DiscriminatorConfig)
+
+
+@dataclass
+class R3GANGeneratorConfig:
+    """`model.generator` of `model=r3gan` (pixelsmith.gan.networks.r3gan.R3GANGenerator)."""
+
+    _target_: str = "pixelsmith.gan.networks.r3gan.R3GANGenerator"
+    resolution: int = 32
+    channels: int = 3
+    z_dim: int = 64
+    widths: list[int] = field(default_factory=lambda: [768, 768, 768, 768])
+    groups: list[int] = field(default_factory=lambda: [96, 96, 96, 96])
+    blocks: Any = 2  # per stage: one number, or a list (one per stage)
+    expansion: int = 2
+    kernel: int = 3
+
+
+@dataclass
+class R3GANDiscriminatorConfig:
+    """`model.discriminator` of `model=r3gan` (R3GANDiscriminator: G's lists, 4x4 up; D reverses them)."""
+
+    _target_: str = "pixelsmith.gan.networks.r3gan.R3GANDiscriminator"
+    resolution: int = 32
+    channels: int = 3
+    widths: list[int] = field(default_factory=lambda: [768, 768, 768, 768])
+    groups: list[int] = field(default_factory=lambda: [96, 96, 96, 96])
+    blocks: Any = 2
+    expansion: int = 2
+    kernel: int = 3
+
+
+@dataclass
+class R3GANObjectiveConfig:
+    """`model.objective` of `model=r3gan` (pixelsmith.gan.objectives.R3GANObjective): R1 + R2 weight gamma, moving
+    to gamma_final along a cosine over decay_kimg; no separate loss or regularisers."""
+
+    _target_: str = "pixelsmith.gan.objectives.R3GANObjective"
+    gamma: float = 0.05
+    gamma_final: float | None = None
+    decay_kimg: float = 20_000.0
+    order: list[str] = field(default_factory=lambda: ["D", "G"])
+
+
+@dataclass
+class R3GANModelConfig(GANModelConfig):
+    """`model=r3gan` (`model/_r3gan_schema`): GANModelConfig with R3GAN's G, D and objective typed."""
+
+    generator: R3GANGeneratorConfig = field(default_factory=R3GANGeneratorConfig)
+    discriminator: R3GANDiscriminatorConfig = field(default_factory=R3GANDiscriminatorConfig)
+    objective: R3GANObjectiveConfig = field(default_factory=R3GANObjectiveConfig)  # type: ignore[assignment]

@@ -174,7 +174,7 @@ class GANModule(TrainingCore):
                     adapts,
                     self.world_all_reduce if self.world_size > 1 else None,
                 )
-        return IterationResult(reals.shape[0], logs)
+        return IterationResult(self.objective.images_per_iteration(reals.shape[0]), logs)
 
     def _abandon_iteration(self) -> None:
         super()._abandon_iteration()

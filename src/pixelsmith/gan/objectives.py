@@ -372,3 +372,125 @@ class GANObjective(nn.Module):
         if reg is None:
             raise PixelsmithError(f"{type(self).__name__} has no phase {phase.name!r}.")
         return reg.loss(step, inputs)
+
+    def images_per_iteration(self, batch_size: int) -> int:
+        """The images an iteration counts (kimg, the EMA's half-life, throughput) out of a loader batch of
+        `batch_size`: all of them, for an objective whose phases share one real batch."""
+        return batch_size
+
+
+# ---- R3GAN ------------------------------------------------------------------------------------------------------
+def cosine_ramp(start: float, final: float, progress: Tensor) -> Tensor:
+    """`start` moving to `final` along a half cosine as `progress` goes 0 -> 1, then `final` (a device tensor: no
+    host read, nothing baked into a captured graph)."""
+    done = progress.clamp(0.0, 1.0)
+    return final + (start - final) * 0.5 * (1.0 + torch.cos(math.pi * done))
+
+
+class R3GANObjective(GANObjective):
+    """R3GAN (Huang et al. 2024; `brownvc/R3GAN`, `R3GAN/Trainer.py`): the relativistic pairing loss with R1 and R2.
+
+    - Dmain: mean over the batch of softplus(-(D(x_real) - D(x_fake))) + gamma / 2 * (R1 + R2), R1 and R2 the squared
+      gradient norms (summed over C, H, W) of D at the reals and at the G-detached fakes, taken w.r.t. the images
+      *before* augmentation (D_forward augments inside, so the gradient runs through it), on every D step.
+    - Gmain: mean of softplus(-(D(x_fake) - D(x_real))) on a real batch of its own: the loader batch holds two
+      (data.batch_size = 2 x the reference's batch), the first half for D's step and the second for G's. D(x_real) is
+      a constant there: D is frozen outside its own step and the reals need no gradient.
+    - gamma moves from `gamma` to `gamma_final` along a cosine over `decay_kimg` thousand images (counted as the
+      reference does: one batch of the D step an iteration), then stays; this objective keeps that count itself (a
+      buffer, so it resumes with the run).
+
+    Regularisers are not part of R3GAN: any given are refused rather than run beside R1/R2.
+    """
+
+    def __init__(
+        self,
+        gamma: float = 0.05,
+        gamma_final: float | None = None,
+        decay_kimg: float = 20_000.0,
+        order: Sequence[str] = ("D", "G"),
+        loss: AdversarialLoss | None = None,
+        regularizers: Mapping[str, Regularizer | None] | None = None,
+    ):
+        declared = {name: reg for name, reg in (regularizers or {}).items() if reg is not None}
+        if declared:
+            raise PixelsmithError(
+                f"R3GANObjective takes no regularisers (got {sorted(declared)}): R1 and R2 are part of its D step. "
+                "Remove model.objective.regularizers, or use model.objective.gamma to weight them."
+            )
+        if loss is not None:
+            raise PixelsmithError(
+                f"R3GANObjective's loss is its relativistic pairing loss; model.objective.loss "
+                f"({type(loss).__name__}) would be ignored: remove it."
+            )
+        super().__init__(NonSaturatingLoss(), {}, order)
+        if float(gamma) < 0 or (gamma_final is not None and float(gamma_final) < 0) or float(decay_kimg) <= 0:
+            raise PixelsmithError(
+                f"R3GANObjective: gamma={gamma} and gamma_final={gamma_final} must be >= 0, decay_kimg={decay_kimg} > 0."
+            )
+        self.gamma = float(gamma)
+        self.gamma_final = float(gamma if gamma_final is None else gamma_final)
+        self.decay_images = float(decay_kimg) * 1000.0
+        self.register_buffer("images_seen", torch.zeros((), dtype=torch.float64))
+
+    def phases(self) -> list[Phase]:
+        # Dmain differentiates through D's input gradient (R1, R2) every iteration.
+        return [Phase(f"{network}main", network, double_backward=network == "D") for network in self.order]
+
+    def lazy_ratio(self, network: str) -> float:
+        return 1.0
+
+    def images_per_iteration(self, batch_size: int) -> int:
+        return batch_size // 2
+
+    def current_gamma(self) -> Tensor:
+        return cosine_ramp(self.gamma, self.gamma_final, self.images_seen / self.decay_images)
+
+    def sample_inputs(self, phase: Phase, batch: GANBatch, z_dim: int) -> dict[str, Tensor]:
+        reals = batch.reals
+        if reals.shape[0] < 2 or reals.shape[0] % 2:
+            raise PixelsmithError(
+                f"R3GAN splits each loader batch between D's step and G's: data.batch_size={reals.shape[0]} must be "
+                "even (twice the reference's batch)."
+            )
+        half = reals.shape[0] // 2
+        own = reals[:half] if phase.name == "Dmain" else reals[half:]
+        return {"real": own, "z": torch.randn(half, z_dim, device=reals.device)}
+
+    def loss(self, phase: Phase, step: GANStep, inputs: Mapping[str, Tensor]) -> PhaseLoss:
+        if phase.name == "Gmain":
+            fake_logits = step.D_forward(step.G_forward(inputs["z"])).float()
+            with torch.no_grad():
+                real_logits = step.D_forward(inputs["real"]).float()
+            loss = F.softplus(-(fake_logits - real_logits)).mean()
+            return PhaseLoss(loss, {"loss/G": loss.detach()})
+        if phase.name != "Dmain":
+            raise PixelsmithError(f"R3GANObjective has no phase {phase.name!r}.")
+        real = inputs["real"].detach().requires_grad_(True)
+        fake = step.G_forward(inputs["z"], grad=False).detach().requires_grad_(True)
+        real_logits = step.D_forward(real, reals=True).float()
+        fake_logits = step.D_forward(fake).float()
+        # One autograd.grad for both penalties (their sums are independent); under fp16 the GradScaler's scale keeps
+        # small gradients from flushing to zero and is divided out again, as r1_penalty does.
+        scale = step.loss_scale()
+        real_grad, fake_grad = torch.autograd.grad(
+            (real_logits.sum() + fake_logits.sum()) * scale, [real, fake], create_graph=True
+        )
+        r1 = (real_grad.float() / scale).square().sum(dim=[1, 2, 3])
+        r2 = (fake_grad.float() / scale).square().sum(dim=[1, 2, 3])
+        gamma = self.current_gamma().float()
+        adversarial = F.softplus(-(real_logits - fake_logits))
+        loss = (adversarial + gamma / 2 * (r1 + r2)).mean()
+        with torch.no_grad():
+            self.images_seen.add_(real.shape[0] * getattr(step, "world_size", 1))
+        return PhaseLoss(
+            loss,
+            {
+                "loss/D": adversarial.detach().mean(),
+                "loss/r1": r1.detach().mean(),
+                "loss/r2": r2.detach().mean(),
+                "r3gan/gamma": gamma.detach(),
+                "logits/real": real_logits.detach().mean(),
+                "logits/fake": fake_logits.detach().mean(),
+            },
+        )
