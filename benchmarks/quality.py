@@ -45,6 +45,8 @@ ROWS: dict[str, list[str]] = {
         "model.generator.style_mixing_prob=0.9",
         "model.objective.regularizers.path_length.weight=2.0",
     ],
+    # R3GAN's networks and loss at CPU widths (conf/experiment/mnist_r3gan.yaml; README "R3GAN").
+    "r3gan": ["experiment=mnist_r3gan"],
 }
 FRACTIONS = (
     0.25,
