@@ -77,28 +77,20 @@ class ResidualBlock(nn.Module):
         return x + self.project(self.act2(self.grouped(self.act1(self.expand(x)))))
 
 
-class Upsample(nn.Module):
-    """1x1 to the new width (when it changes), then the FIR 2x upsample."""
+class Resample(nn.Module):
+    """The FIR 2x resampling, with a 1x1 to the new width (when it changes) outside it: before G's upsample, after
+    D's downsample, so the convolution runs at the lower resolution either way."""
 
-    def __init__(self, in_channels: int, out_channels: int):
+    def __init__(self, in_channels: int, out_channels: int, up: bool):
         super().__init__()
+        self.up = up
         self.width = Conv(in_channels, out_channels, 1) if in_channels != out_channels else None
         self.register_buffer("kernel", fir_kernel_2d(), persistent=False)
 
     def forward(self, x: Tensor) -> Tensor:
-        x = self.width(x) if self.width is not None else x
-        return fir_upsample_2x(x, self.kernel)
-
-
-class Downsample(nn.Module):
-    """The FIR 2x downsample, then 1x1 to the new width (when it changes)."""
-
-    def __init__(self, in_channels: int, out_channels: int):
-        super().__init__()
-        self.width = Conv(in_channels, out_channels, 1) if in_channels != out_channels else None
-        self.register_buffer("kernel", fir_kernel_2d(), persistent=False)
-
-    def forward(self, x: Tensor) -> Tensor:
+        if self.up:
+            x = self.width(x) if self.width is not None else x
+            return fir_upsample_2x(x, self.kernel)
         x = fir_downsample_2x(x, self.kernel)
         return self.width(x) if self.width is not None else x
 
@@ -169,7 +161,9 @@ class R3GANGenerator(nn.Module):
         self.resolution = resolution
         layers: list[nn.Module] = []
         for index, (width, group, count) in enumerate(zip(widths, groups, blocks, strict=True)):
-            layers.append(GenerativeBasis(z_dim, width) if index == 0 else Upsample(widths[index - 1], width))
+            layers.append(
+                GenerativeBasis(z_dim, width) if index == 0 else Resample(widths[index - 1], width, up=True)
+            )
             layers += [ResidualBlock(width, group, expansion, kernel, total) for _ in range(count)]
         self.main = nn.Sequential(*layers)
         self.to_image = Conv(widths[-1], channels, 1)
@@ -200,7 +194,9 @@ class R3GANDiscriminator(nn.Module):
         for index, (width, group, count) in enumerate(zip(widths, groups, blocks, strict=True)):
             layers += [ResidualBlock(width, group, expansion, kernel, total) for _ in range(count)]
             last = index == len(widths) - 1
-            layers.append(DiscriminativeBasis(width) if last else Downsample(width, widths[index + 1]))
+            layers.append(
+                DiscriminativeBasis(width) if last else Resample(width, widths[index + 1], up=False)
+            )
         self.main = nn.Sequential(*layers)
 
     def forward(self, images: Tensor) -> Tensor:
