@@ -84,6 +84,14 @@ def test_cpu_gemm_peak_is_measured_once_and_cached(tmp_path, monkeypatch):
     assert any(key.endswith("torch.float32") for key in table)
     cpu_peak_flops("bf16", measure=fake_measure)  # another dtype is another entry
     assert calls == [torch.float32, torch.bfloat16]
+    # An instruction set capped by the environment (AVX2 emulated on an AVX-512 CPU) is another entry too: the two
+    # peaks differ about 2x, and one read for the other puts MFU off by as much.
+    monkeypatch.setenv("ATEN_CPU_CAPABILITY", "avx2")
+    monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", "AVX2")
+    cpu_peak_flops("fp32", measure=fake_measure)
+    assert calls == [torch.float32, torch.bfloat16, torch.float32]
+    table = json.loads((tmp_path / "cpu_gemm_peak.json").read_text())
+    assert any(key.endswith("ATEN_CPU_CAPABILITY=avx2,ONEDNN_MAX_CPU_ISA=AVX2") for key in table)
 
 
 def test_gemm_rate_is_two_n_cubed_over_the_fastest_run(monkeypatch):

@@ -126,10 +126,18 @@ def measure_gemm_flops(dtype: torch.dtype, size: int = 2048, min_seconds: float 
     return 2.0 * size**3 / best
 
 
+# The variables that cap the instruction set ATen / inductor and oneDNN use.
+ISA_CAP_VARIABLES = ("ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA")
+
+
 def _cache_entry(key: str) -> tuple[str, Path]:
     """The CPU GEMM peak cache's entry for a precision key (CPU model, threads, torch, dtype) and the cache file."""
     dtype = PRECISION_DTYPES[key]
     entry = f"{cpu_model_name()}|threads={torch.get_num_threads()}|torch={torch.__version__}|{dtype}"
+    # A capped instruction set (e.g. an AVX2-only machine emulated on an AVX-512 one) has its own peak.
+    capped = [f"{name}={os.environ[name]}" for name in ISA_CAP_VARIABLES if os.environ.get(name)]
+    if capped:
+        entry += "|" + ",".join(capped)
     return entry, cache_dir() / "cpu_gemm_peak.json"
 
 
