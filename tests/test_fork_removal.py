@@ -43,6 +43,7 @@ FORK_PARTS: dict[str, tuple[str, ...]] = {
         "src/pixelsmith/gan/",
         "conf/model/dcgan.yaml",
         "conf/model/stylegan2.yaml",
+        "conf/model/r3gan.yaml",
         "conf/model/objective/",
         "conf/experiment/dcgan_paper.yaml",
         "conf/experiment/mnist_*.yaml",

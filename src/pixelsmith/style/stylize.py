@@ -50,6 +50,7 @@ from pixelsmith.style.pipeline import (
     MIN_SIDE,
     FolderSummary,
     PipelineOptions,
+    compile_tiles,
     default_workers,
     make_pool,
     network_flops_per_pixel,
@@ -361,6 +362,11 @@ def stylize_shard(
     )
 
     device = torch.device(device)
+    # compile=auto is decided on the whole job, not on this rank's share: every rank, and one process given the same
+    # folder, then runs the same code and writes the same pixels.
+    options = dataclasses.replace(
+        options, compile="true" if compile_tiles(options.compile, device, len(pairs)) else "false"
+    )
     shard = pairs[rank::world_size]
     todo = [(s, t) for s, t in shard if overwrite or not t.exists()]
     if workers is None:
