@@ -1,6 +1,7 @@
 """R3GAN (`model=r3gan`, `R3GANObjective`): the relativistic pairing loss with R1 and R2 against hand computations,
-the penalties' gradients taken before augmentation against `torch.autograd.grad`, G's step leaving D alone, gamma's
-cosine, the networks' parameter counts against the reference's structure counted by hand (`brownvc/R3GAN`,
+the penalties' gradients taken before augmentation against `torch.autograd.grad`, G's step leaving D alone, gamma as
+a buffer a schedule writes, the networks' parameter counts against the reference's structure counted by hand
+(`brownvc/R3GAN`,
 `R3GAN/Networks.py`: bias-free convs, a bias per activation, a 4x4 basis in G and a depthwise 4x4 + Linear in D),
 the Fix-up initialisation, and a short CPU run of the digits preset."""
 
@@ -21,7 +22,7 @@ from pixelsmith.gan.networks.r3gan import (
     R3GANGenerator,
     ResidualBlock,
 )
-from pixelsmith.gan.objectives import GANBatch, R1Penalty, R3GANObjective, cosine_ramp
+from pixelsmith.gan.objectives import GANBatch, R1Penalty, R3GANObjective
 from pixelsmith.train import run
 
 
@@ -56,7 +57,7 @@ def test_the_d_step_is_the_relativistic_loss_plus_gamma_over_two_r1_plus_r2():
     # reals = 0.5 everywhere (4 pixels): D = 4 * 0.25 = 1, |dD/dx|^2 = 4 * (2 * 0.5)^2 = 4 (R1);
     # fakes = 0.25: D = 0.25, R2 = 4 * (2 * 0.25)^2 = 1. softplus(-(1 - 0.25)) = log(1 + e^-0.75) = 0.386871;
     # gamma 0.3 (a gamma of 1 or 2 would hide a missing or doubled 1/2): 0.386871 + 0.15 * 5 = 1.136871.
-    objective = R3GANObjective(gamma=0.3, gamma_final=0.3)
+    objective = R3GANObjective(gamma=0.3)
     dmain = objective.phases()[0]
     out = objective.loss(dmain, _Step(b=0.25), _inputs(0.5))
     assert out.logs["loss/r1"].item() == pytest.approx(4.0)
@@ -87,7 +88,7 @@ def test_the_g_step_is_softplus_of_minus_fake_minus_real_on_its_own_reals():
 def test_r1_and_r2_differentiate_through_the_augmentation_at_the_images_before_it():
     """D_forward scales by 3 (the augmentation): the penalties are |d D(3x) / dx|^2 (18 x a pixel), not |D'| at the
     augmented images (6 x); checked against torch.autograd.grad computed here."""
-    objective = R3GANObjective(gamma=1.0, gamma_final=1.0)
+    objective = R3GANObjective(gamma=1.0)
     step = _Step(b=0.25, aug=3.0)
     out = objective.loss(objective.phases()[0], step, _inputs(0.5))
     for image, key in (
@@ -101,18 +102,14 @@ def test_r1_and_r2_differentiate_through_the_augmentation_at_the_images_before_i
     assert out.logs["loss/r1"].item() == pytest.approx(4 * (18 * 0.5) ** 2)  # 324, not 4 * (6 * 0.5)^2
 
 
-def test_gamma_follows_its_cosine_over_the_d_steps_images_then_stays():
-    objective = R3GANObjective(gamma=2.0, gamma_final=0.2, decay_kimg=0.008)  # 8 images
-    assert objective.current_gamma().item() == pytest.approx(2.0)
-    objective.images_seen.fill_(2.0)  # a quarter: 0.2 + 1.8 * (1 + cos(pi / 4)) / 2 = 1.736396
-    assert objective.current_gamma().item() == pytest.approx(1.736396, abs=1e-6)
-    objective.images_seen.fill_(100.0)
-    assert objective.current_gamma().item() == pytest.approx(0.2)
-    assert cosine_ramp(1.0, 0.0, torch.tensor(0.5)).item() == pytest.approx(0.5)
-    # ... advanced by the D step itself, by its real batch (2 here).
-    fresh = R3GANObjective(gamma=0.3)
-    fresh.loss(fresh.phases()[0], _Step(b=0.25), _inputs(0.5))
-    assert fresh.images_seen.item() == 2.0
+def test_gamma_is_a_buffer_the_loss_reads_that_a_schedule_writes():
+    """model.schedules.gamma writes the buffer (tests/test_schedules.py runs it); the D step reads it there."""
+    objective = R3GANObjective(gamma=0.3)
+    assert objective.scheduled_scalars() == {"gamma": objective.gamma}
+    objective.gamma.fill_(0.1)  # the loss at 0.1: 0.386871 + 0.05 * 5 = 0.636871
+    out = objective.loss(objective.phases()[0], _Step(b=0.25), _inputs(0.5))
+    assert out.loss.item() == pytest.approx(0.386871 + 0.05 * 5.0, abs=1e-6)
+    assert "gamma" not in objective.state_dict()  # the config or the schedule gives it at every start
 
 
 def test_regularisers_or_a_loss_beside_r3gans_are_refused_not_run():
@@ -193,4 +190,5 @@ def test_the_digits_preset_trains_and_counts_the_d_steps_images(tmp_path):
     assert metrics["train/kimg"] == pytest.approx(6 * 8 / 1000)  # FAST's batch 16: 8 for D's step, 8 for G's
     assert all(math.isfinite(v) for k, v in metrics.items() if k.startswith("loss/"))
     assert metrics["loss/r1"] > 0 and metrics["loss/r2"] > 0
-    assert metrics["r3gan/gamma"] < 0.1  # moved along its cosine from 0.1
+    assert 0.01 < metrics["r3gan/gamma"] < 0.1  # moved along model.schedules.gamma's cosine from 0.1
+    assert metrics["schedule/gamma"] == pytest.approx(metrics["r3gan/gamma"])

@@ -32,9 +32,10 @@ why the reference ships its own grid-sample op).
 Unlike kornia's random transforms (uniform factors, HSV with clamps, one resampling per op), nothing here
 synchronises with the host: the gates are tensors compared with p on the device, every op not drawn takes its
 identity value, and a sample that drew no geometric op keeps its pixels bit-exact (row selection on CPU, torch.where
-on accelerators). At p=0 the images come back untouched. Deviations from the reference: image-space filtering, noise
-and cutout (NVlabs' 'bgcfnc' extras) are not implemented; the lowpass warp reflects the image for any distance where
-NVlabs' data-dependent padding stops at W - 1 pixels and pads with zeros beyond.
+on accelerators). At p=0 the images come back untouched. Deviations from the reference: image-space filtering and
+noise (NVlabs' 'bgcfnc' extras) are not implemented (cutout is: op `cutout`, which R3GAN's pipeline adds); the
+lowpass warp reflects the image for any distance where NVlabs' data-dependent padding stops at W - 1 pixels and pads
+with zeros beyond.
 """
 
 from __future__ import annotations
@@ -52,14 +53,15 @@ from pixelsmith.augment.warp import SYMLET6, warp_inverse_bilinear, warp_inverse
 
 GEOMETRIC_OPS = ("xflip", "rotate90", "xint", "scale", "rotate", "aniso", "xfrac")
 COLOUR_OPS = ("brightness", "contrast", "lumaflip", "hue", "saturation")
-OPS = GEOMETRIC_OPS + COLOUR_OPS
-# NVlabs' train.py augpipe_specs, restricted to the ops implemented here (every listed multiplier is 1).
+OPS = GEOMETRIC_OPS + COLOUR_OPS + ("cutout",)
+# NVlabs' train.py augpipe_specs, restricted to the ops implemented here (every listed multiplier is 1). R3GAN's
+# pipeline is `bgc,cutout` with the colour multipliers at 0.5 (`brownvc/R3GAN` train.py).
 PIPELINES: dict[str, tuple[str, ...]] = {
     "blit": ("xflip", "rotate90", "xint"),
     "geom": ("scale", "rotate", "aniso", "xfrac"),
     "color": COLOUR_OPS,
     "bg": GEOMETRIC_OPS,
-    "bgc": OPS,
+    "bgc": GEOMETRIC_OPS + COLOUR_OPS,
 }
 WARPS = ("lowpass", "bilinear")
 # Gates drawn per sample, in this order; rotate has two (pre and post), each with 1 - sqrt(1 - rotate * p).
@@ -113,6 +115,11 @@ class AugmentDraws:
     lumaflip: Tensor
     hue: Tensor
     saturation: Tensor
+    # Cutout (NVlabs' AugmentPipe `cutout`, drawn only when its multiplier is > 0, so the other ops' random streams
+    # do not depend on it): a rectangle of cutout_size x the image, centred at `cutout_centre` (N, 2) in [0, 1),
+    # zeroed where `cutout_gate` drew it.
+    cutout_gate: Tensor | None = None
+    cutout_centre: Tensor | None = None
 
 
 class AdaptiveAugment(GANAugment):
@@ -150,6 +157,7 @@ class AdaptiveAugment(GANAugment):
         contrast_std: float = 0.5,
         hue_max: float = 1.0,
         saturation_std: float = 1.0,
+        cutout_size: float = 0.5,
         **legacy_options: Any,
     ):
         super().__init__()
@@ -186,7 +194,9 @@ class AdaptiveAugment(GANAugment):
                 "the default) or bilinear (one bilinear gather, 6-14x cheaper on CPU, blurrier and aliased under "
                 "rotation and down-scaling)."
             )
-        self.target = float(target)
+        # target None: p is not adapted but set from outside (`model.schedules.augment_p`, R3GAN's fixed ramp).
+        self.target = None if target is None else float(target)
+        self.cutout_size = float(cutout_size)
         self.interval = int(interval)
         self.speed_kimg = float(speed_kimg)
         self.max_p = float(max_p)
@@ -246,9 +256,25 @@ class AdaptiveAugment(GANAugment):
         observed = torch.stack([signs.sum(), signs.new_full((), signs.numel())])
         self._pending_signs = observed if self._pending_signs is None else self._pending_signs + observed
 
+    def set_p(self, value: float | Tensor) -> None:
+        """p from a schedule (`model.schedules.augment_p`, with `augment.target=null`): a float from the host, or a
+        device tensor inside a CUDA-graph replay."""
+        if self.target is not None:
+            raise ValueError(
+                f"model.schedules.augment_p sets ADA's p, but augment.target={self.target} adapts it: set "
+                "augment.target=null for a scheduled p (R3GAN's presets do)."
+            )
+        if isinstance(value, Tensor):
+            self.p.copy_(value.clamp(0.0, self.max_p))
+        else:
+            self.p.fill_(min(max(float(value), 0.0), self.max_p))
+            self._p_bound = float(self.p)
+
     def advance(self, num_images: int) -> bool:
         """The host's half of `update`: count the iteration and say whether it adjusts p. Called once per iteration
         before it runs, so a CUDA graph of the iteration (which cannot run Python) gets the decision as its plan."""
+        if self.target is None:  # a scheduled p: nothing to adapt (set_p keeps the host's bound)
+            return False
         self._images_since_adjust += int(num_images)
         self._iterations_since_adjust += 1
         if self._iterations_since_adjust < self.interval:
@@ -266,6 +292,8 @@ class AdaptiveAugment(GANAugment):
         said so, adjust p. Device tensors only: the same kernels every time, as a captured graph needs."""
         pending = self._pending_signs
         self._pending_signs = None
+        if self.target is None:
+            return
         if pending is None:
             pending = torch.zeros_like(self.sign_stats)
         if all_reduce is not None:
@@ -380,7 +408,15 @@ class AdaptiveAugment(GANAugment):
             lumaflip=drawn("lumaflip", torch.floor(coin_luma * 2), 0.0),
             hue=drawn("hue", (angle_hue * 2 - 1) * (half_turn * self.hue_max), 0.0),
             saturation=drawn("saturation", torch.exp2(log_saturation * self.saturation_std), 1.0),
+            **self._sample_cutout(n, device),
         )
+
+    def _sample_cutout(self, n: int, device: torch.device) -> dict[str, Tensor]:
+        if self.multipliers["cutout"] <= 0:
+            return {}
+        draws = torch.rand(3, n, device=device)
+        gate = draws[0] < self.p.to(device) * self.multipliers["cutout"]
+        return {"cutout_gate": gate, "cutout_centre": draws[1:].T}
 
     def augment_with(self, images: Tensor, draws: AugmentDraws) -> Tensor:
         """Apply the given draws: the geometric ops as one warp of the samples whose map is not the identity, then
@@ -401,6 +437,8 @@ class AdaptiveAugment(GANAugment):
         colour_ops = ("brightness", "contrast", "lumaflip") + (("hue", "saturation") if channels == 3 else ())
         if any(self.multipliers[op] > 0 for op in colour_ops):
             images = apply_colour(images, draws)
+        if draws.cutout_gate is not None:
+            images = apply_cutout(images, draws.cutout_gate, draws.cutout_centre, self.cutout_size)
         return images
 
     def _warp_rows(self, images: Tensor, inverse: Tensor) -> Tensor:
@@ -498,6 +536,19 @@ def apply_colour(images: Tensor, draws: AugmentDraws) -> Tensor:
     return out.contiguous(memory_format=torch.channels_last) if _is_channels_last(images) else out
 
 
+def apply_cutout(images: Tensor, gate: Tensor, centre: Tensor, size: float) -> Tensor:
+    """NVlabs' cutout: zero a `size` x `size` (fractions of the image) rectangle centred at `centre` (N, 2: x, y in
+    [0, 1)) in the samples where `gate` is set; pixel centres at (i + 0.5) / width inside half the size are cut."""
+    n, _, height, width = images.shape
+    xs = (torch.arange(width, device=images.device) + 0.5) / width
+    ys = (torch.arange(height, device=images.device) + 0.5) / height
+    half = torch.where(gate, size / 2, 0.0).view(n, 1)
+    outside_x = (xs.view(1, -1) - centre[:, :1]).abs() >= half  # (N, W)
+    outside_y = (ys.view(1, -1) - centre[:, 1:]).abs() >= half  # (N, H)
+    keep = (outside_x.unsqueeze(1) | outside_y.unsqueeze(2)).unsqueeze(1)  # (N, 1, H, W)
+    return images * keep.to(images.dtype)
+
+
 def _is_channels_last(images: Tensor) -> bool:
     return images.shape[1] > 1 and images.is_contiguous(memory_format=torch.channels_last)
 
@@ -510,8 +561,8 @@ def _pipeline_multipliers(pipeline: str) -> dict[str, float]:
         raise ValueError(
             f"augment.pipeline={pipeline!r} names no ADA op or pipeline: {', '.join(unknown)}. It takes NVlabs' "
             f"pipeline names ({', '.join(PIPELINES)}; bgc is the paper's default) or a comma-separated list of ops "
-            f"({', '.join(OPS)}), e.g. augment.pipeline=bgc or augment.pipeline=xflip,xint. Filtering, noise and "
-            "cutout (NVlabs' bgcfnc) are not implemented; DiffAugment's cutout is augment=diffaugment."
+            f"({', '.join(OPS)}), e.g. augment.pipeline=bgc or augment.pipeline=xflip,xint. Filtering and noise "
+            "(NVlabs' bgcfnc) are not implemented."
         )
     return {op: (1.0 if op in ops else 0.0) for op in OPS}
 

@@ -29,7 +29,8 @@ class AdaptiveAugmentConfig:
     on reals. Defaults: the paper's `bgc` pipeline and constants (stylegan2-ada-pytorch, training/augment.py)."""
 
     _target_: str = "pixelsmith.augment.AdaptiveAugment"
-    target: float = 0.6  # E[sign(D(real))] that p is steered towards
+    # E[sign(D(real))] that p is steered towards; null: p is not adapted (set by model.schedules.augment_p)
+    target: float | None = 0.6
     interval: int = 4  # iterations between p adjustments
     speed_kimg: float = 500.0  # images for p to go from 0 to 1
     initial_p: float = 0.0
@@ -48,3 +49,4 @@ class AdaptiveAugmentConfig:
     contrast_std: float = 0.5  # x 2^N(0, contrast_std)
     hue_max: float = 1.0  # hue rotation U(-1, 1) * pi * hue_max about the luma axis
     saturation_std: float = 1.0  # chroma x 2^N(0, saturation_std)
+    cutout_size: float = 0.5  # op `cutout`: a square of this fraction of the image's side, zeroed

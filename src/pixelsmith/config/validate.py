@@ -203,8 +203,8 @@ RULES: list[Rule] = [
     ),
     Rule(
         "augment.target",
-        lambda v: _positive(v) and v < 1,
-        "must be in (0, 1): ADA raises p while r_t = E[sign(D(real))] is above the target and lowers it below; r_t "
+        lambda v: v is None or (_positive(v) and v < 1),
+        "must be in (0, 1), or null for a p set by model.schedules.augment_p: ADA raises p while r_t = E[sign(D(real))] is above the target and lowers it below; r_t "
         "lies in [-1, 1], so at a target of 1 or above p can never rise (augmentation never starts) and at 0 or "
         "below it rises whenever D calls more reals real than fake",
         "0.6",

@@ -7,6 +7,8 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
+from omegaconf import MISSING
+
 from pixelsmith.choices import choice, values
 
 
@@ -28,6 +30,12 @@ class Schedule(StrEnum):
     WARMUP_COSINE = "warmup_cosine"
 
 
+class ScheduleShape(StrEnum):  # model.schedules.<name>.shape (core/schedules.py ScalarSchedule)
+    CONSTANT = "constant"
+    LINEAR = "linear"
+    COSINE = "cosine"
+
+
 class HostSyncMode(StrEnum):  # train.host_sync_check (callbacks/host_sync.py)
     OFF = "off"
     WARN = "warn"
@@ -41,6 +49,7 @@ class HostSyncScope(StrEnum):  # train.host_sync_scope (callbacks/host_sync.py)
 
 PRECISIONS = values(Precision)
 SCHEDULES = values(Schedule)
+SCHEDULE_SHAPES = values(ScheduleShape)
 HOST_SYNC_MODES = values(HostSyncMode)
 HOST_SYNC_SCOPES = values(HostSyncScope)
 
@@ -51,6 +60,21 @@ class ScheduleConfig:
     warmup_steps: int = 0
     min_lr_ratio: float = 0.0  # cosine decays to lr * min_lr_ratio
     total_steps: int | None = None  # None = max_steps
+
+
+@dataclass
+class ScalarScheduleConfig:
+    """One scheduled hyper-parameter, `model.schedules.<name>` (core/schedules.py ScalarSchedule), driven by the images
+    seen: `start` -> `final` over `horizon_kimg` thousand images (counted from 0, warm-up included) along `shape`, then
+    `final`; with `warmup_kimg` > 0 it first climbs linearly from `warmup_start` to `start`. The names a model takes
+    (lr, beta2, ema_half_life_kimg, gamma, augment_p, ...) are listed by its error message for an unknown one."""
+
+    start: float = MISSING
+    final: float | None = None  # None: start (a constant after any warm-up)
+    shape: str = choice(ScheduleShape, "cosine")
+    horizon_kimg: float | None = None  # required by linear and cosine
+    warmup_kimg: float = 0.0
+    warmup_start: float = 0.0
 
 
 @dataclass

@@ -23,13 +23,27 @@ class EMA(nn.Module):
         self.half_life_kimg = half_life_kimg
         self.rampup = rampup
         self.model = copy.deepcopy(source).eval().requires_grad_(False)
+        # The half-life in images on the device, which a CUDA-graph replay reads (and `model.schedules.
+        # ema_half_life_kimg` writes there); not persistent: the config or the schedule gives it.
+        self.register_buffer(
+            "half_life_nimg", torch.tensor(half_life_kimg * 1000.0, dtype=torch.float64), False
+        )
+
+    def set_half_life_kimg(self, value: float | Tensor) -> None:
+        """A scheduled half-life (R3GAN's ramps from 0): a float on the host, or a device tensor inside a replay. 0 is
+        allowed here (the average then copies G), unlike at construction."""
+        if isinstance(value, Tensor):
+            self.half_life_nimg.copy_(value * 1000.0)
+        else:
+            self.half_life_kimg = float(value)
+            self.half_life_nimg.fill_(float(value) * 1000.0)
 
     def beta(self, images_per_iteration: int, images_seen: int | Tensor) -> float | Tensor:
         """The decay for this iteration; a device tensor when `images_seen` is one (a CUDA-graph replay cannot read
         the host's count), computed in float64 there so it equals the host's Python float."""
         ema_nimg = self.half_life_kimg * 1000.0
         if isinstance(images_seen, Tensor):
-            nimg = torch.full((), ema_nimg, dtype=torch.float64, device=images_seen.device)
+            nimg = self.half_life_nimg.to(images_seen.device, torch.float64)
             if self.rampup is not None:
                 nimg = torch.minimum(nimg, images_seen.double() * self.rampup)
             return torch.pow(0.5, images_per_iteration / nimg.clamp(min=1e-8))

@@ -25,7 +25,7 @@ import random
 import signal
 import time
 from collections import defaultdict
-from collections.abc import Hashable, Iterable, Iterator
+from collections.abc import Callable, Hashable, Iterable, Iterator
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
 from functools import partial
@@ -38,7 +38,7 @@ from torch.distributed.fsdp import FSDPModule
 from torch.distributed.tensor import DTensor
 
 from pixelsmith.core.budget import TimeBudget
-from pixelsmith.core.config import EMAConfig, ScheduleConfig
+from pixelsmith.core.config import EMAConfig, ScalarScheduleConfig, ScheduleConfig
 from pixelsmith.core.ema import EMA
 from pixelsmith.core.fsdp import MultiNetworkFSDPStrategy
 from pixelsmith.core.graphs import IterationGraphs
@@ -46,7 +46,7 @@ from pixelsmith.core.host_reads import host_reads_allowed
 from pixelsmith.core.optim import build_optimizer, optimizer_factory
 from pixelsmith.core.precision import MixedPrecision
 from pixelsmith.core.preemption import PreemptionSignals, stop_message
-from pixelsmith.core.schedules import build_scheduler
+from pixelsmith.core.schedules import ScalarSchedule, build_scheduler
 from pixelsmith.errors import PixelsmithError
 
 log = logging.getLogger(__name__)
@@ -161,6 +161,11 @@ class TrainingCore(L.LightningModule):
         self._iteration_t: torch.Tensor | None = None
         self._images_seen_t: torch.Tensor | None = None
         self._allreduces_this_iteration = 0
+        # model.schedules: hyper-parameters moved by the images seen (core/schedules.py), set at each iteration's
+        # start; `_lr_scale_and_betas_power` keeps each optimizer's lazy-regularisation scaling for them.
+        self._schedules: dict[str, ScalarSchedule] = {}
+        self._lr_scale_and_betas_power: dict[str, tuple[float, float]] = {}
+        self._schedule_setters: dict[str, Callable[[float | torch.Tensor], None]] = {}
 
     # ---- what a subclass provides ------------------------------------------------------------------------------
     def networks(self) -> dict[str, nn.Module]:
@@ -202,6 +207,7 @@ class TrainingCore(L.LightningModule):
     def _device_iteration(self, batch: Any) -> IterationResult:
         """The model's iteration and the device half of its end (buffer sync, EMA): what a CUDA graph captures."""
         self._allreduces_this_iteration = 0
+        scheduled = self._apply_schedules()
         result = self.train_iteration(batch)
         if not isinstance(result, IterationResult):
             raise PixelsmithError(
@@ -228,6 +234,7 @@ class TrainingCore(L.LightningModule):
             self._images_seen_t.add_(images_per_iteration)
             self._iteration_t.add_(1)
         result.grad_allreduce_calls = self._allreduces_this_iteration
+        result.logs.update(scheduled)
         return result
 
     def _abandon_iteration(self) -> None:
@@ -250,6 +257,99 @@ class TrainingCore(L.LightningModule):
         network is one unit (one all-gather per forward). Return the matching blocks for an EMA copy too."""
         del name, network
         return []
+
+    # ---- scheduled hyper-parameters (model.schedules) -------------------------------------------------------------
+    def schedule_targets(self) -> dict[str, Callable[[float | torch.Tensor], None]]:
+        """Every hyper-parameter `model.schedules` may name, each with the setter that writes a value into the run:
+        a Python float in an eager run, a device tensor under `hardware.cuda_graphs` (computed inside the replay).
+        The core's: `lr`, `beta1`, `beta2` (every optimizer) and `<optimizer>_lr` / `_beta1` / `_beta2` (one), as
+        the config gives them (each optimizer's lazy-regularisation scaling is applied here), and
+        `ema_half_life_kimg` (every EMA). A subclass adds its own (the GAN: its objective's, `augment_p`)."""
+        targets: dict[str, Callable[[float | torch.Tensor], None]] = {}
+        names = [spec.name for spec in self.optimizer_definitions()]
+        for key in ("lr", "beta1", "beta2"):
+            targets[key] = partial(self._set_optimizer_value, names, key)
+            for name in names:
+                targets[f"{name}_{key}"] = partial(self._set_optimizer_value, [name], key)
+        if self._ema_pairs:
+            targets["ema_half_life_kimg"] = self._set_ema_half_life
+        return targets
+
+    def add_schedules(self, schedules: Any) -> None:
+        """Schedule the hyper-parameters named in `schedules` (`model.schedules`: name -> ScalarScheduleConfig node).
+        Called by a subclass once its networks, optimizers' definitions and objective exist; an unknown name fails
+        here, at start-up, with the names this model takes."""
+        schedules = dict(schedules or {})
+        if not schedules:
+            return
+        targets = self.schedule_targets()
+        unknown = sorted(set(schedules) - set(targets))
+        if unknown:
+            raise PixelsmithError(
+                f"model.schedules names {unknown}, which this model ({type(self).__name__}) cannot schedule. It "
+                f"schedules: {', '.join(targets)}."
+            )
+        lr_keys = [key for key in schedules if key == "lr" or key.endswith("_lr")]
+        if lr_keys and self.core.schedule.name != "constant":
+            raise PixelsmithError(
+                f"model.schedules.{lr_keys[0]} and schedule={self.core.schedule.name} would both set the learning "
+                "rate: choose one (schedule=constant keeps the model's schedule alone)."
+            )
+        for name, node in schedules.items():
+            self._schedules[name] = ScalarSchedule.from_config(_schedule_config(name, node), name)
+        self._schedule_setters = {name: targets[name] for name in self._schedules}
+
+    def _apply_schedules(self) -> dict[str, Any]:
+        """Write every scheduled value for the coming iteration, read at the images seen before it (as R3GAN's
+        training loop): on the host from its exact count in an eager run (no device read), on the device from the
+        device's count under `hardware.cuda_graphs` (the replay computes it). Returns them for the logs."""
+        if not self._schedules:
+            return {}
+        count = self._images_seen_t if self._graphs is not None else self.images_seen
+        values = {}
+        for name, schedule in self._schedules.items():
+            value = schedule.value(count)
+            self._schedule_setters[name](value)
+            values[f"schedule/{name}"] = value
+        return values
+
+    @property
+    def _lr_scheduled_optimizers(self) -> set[int]:
+        """ids of the raw optimizers whose lr `model.schedules` sets (`lr`, `<name>_lr`)."""
+        if not self._schedules:
+            return set()
+        names = set(self._optimizer_index) if "lr" in self._schedules else set()
+        names |= {name for name in self._optimizer_index if f"{name}_lr" in self._schedules}
+        return {id(self._raw_optimizer(name)) for name in names}
+
+    def _set_optimizer_value(self, names: list[str], key: str, value: float | torch.Tensor) -> None:
+        for name in names:
+            lr_scale, betas_power = self._lr_scale_and_betas_power.get(name, (1.0, 1.0))
+            for group in self._raw_optimizer(name).param_groups:
+                if key == "lr":
+                    scaled = value * lr_scale
+                    if torch.is_tensor(group["lr"]):
+                        group["lr"].copy_(scaled)
+                    else:
+                        group["lr"] = float(scaled)
+                    continue
+                index = 0 if key == "beta1" else 1
+                if "betas" not in group:
+                    raise PixelsmithError(
+                        f"model.schedules.{key}: optimizer {name} ({type(self._raw_optimizer(name)).__name__}) has "
+                        "no betas to schedule."
+                    )
+                powered = value**betas_power
+                betas = list(group["betas"])
+                if torch.is_tensor(betas[index]):
+                    betas[index].copy_(powered)
+                else:
+                    betas[index] = float(powered)
+                group["betas"] = tuple(betas)
+
+    def _set_ema_half_life(self, value: float | torch.Tensor) -> None:
+        for _, ema, _ in self._ema_pairs:
+            ema.set_half_life_kimg(value)
 
     def add_ema(self, name: str, source: nn.Module, config: EMAConfig) -> EMA | None:
         """Create an EMA of `source` that the core updates at the end of every iteration (after buffers are synced
@@ -326,6 +426,7 @@ class TrainingCore(L.LightningModule):
         for index, spec in enumerate(self.optimizer_definitions()):
             factory = optimizer_factory(spec.optimizer, f"optimizer {spec.name}")
             opt = build_optimizer(factory, spec.params, spec.lr_scale, spec.betas_power, impl)
+            self._lr_scale_and_betas_power[spec.name] = (spec.lr_scale, spec.betas_power)
             self._optimizer_index[spec.name] = index
             owned = {id(p) for p in spec.params}
             self._float_buffers[spec.name] = [
@@ -631,7 +732,10 @@ class TrainingCore(L.LightningModule):
         logs = dict(logs or {})
         self.iteration += 1
         for sched in self._schedulers():
-            sched.step()
+            if (
+                id(sched.optimizer) not in self._lr_scheduled_optimizers
+            ):  # model.schedules sets their lr instead
+                sched.step()
         iteration = self.iteration
         # Newest value per key since the last log: a metric of some iterations only (R1's `loss/r1`) still reaches
         # the next logging iteration.
@@ -808,6 +912,15 @@ class TrainingCore(L.LightningModule):
                 group["lr"] = torch.full((), value, dtype=dtype, device=self.device) if graphed else value
                 if "capturable" in group:
                     group["capturable"] = graphed and self._graphs.capture
+                if "betas" in group and any(
+                    key.startswith("beta") or "_beta" in key for key in self._schedules
+                ):
+                    # Scheduled betas are written inside the replay too: device tensors there, floats otherwise.
+                    with host_reads_allowed():
+                        betas = [float(b) if torch.is_tensor(b) else b for b in group["betas"]]
+                    group["betas"] = tuple(
+                        torch.full((), b, dtype=dtype, device=self.device) if graphed else b for b in betas
+                    )
         if graphed:
             self._iteration_t = torch.full((), self.iteration, dtype=torch.long, device=self.device)
             self._images_seen_t = torch.full((), self.images_seen, dtype=torch.long, device=self.device)
@@ -869,6 +982,21 @@ class TrainingCore(L.LightningModule):
         self._guard_checked_at = self.iteration
         self._pending_precision_state = state.get("grad_scaler") or None
         self._precision = None
+
+
+def _schedule_config(name: str, node: Any) -> ScalarScheduleConfig:
+    if isinstance(node, ScalarScheduleConfig):
+        return node
+    fields = [f for f in ScalarScheduleConfig.__dataclass_fields__]
+    given = dict(node) if hasattr(node, "keys") else None
+    unknown = sorted(set(given or {}) - set(fields)) if given is not None else []
+    if given is None or unknown or "start" not in given:
+        raise PixelsmithError(
+            f"model.schedules.{name}={node!r} is not a schedule"
+            f"{': unknown keys ' + str(unknown) if unknown else ''}. It takes {', '.join(fields)} (start required), "
+            f"e.g. +model.schedules.{name}={{start: 2e-4, final: 5e-5, shape: cosine, horizon_kimg: 20000}}."
+        )
+    return ScalarScheduleConfig(**given)
 
 
 # torch.compile's modes that capture CUDA graphs of their own (cudagraph trees).

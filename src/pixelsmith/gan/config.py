@@ -58,6 +58,11 @@ class GANModelConfig:
     d_optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
     ema: EMAConfig = field(default_factory=EMAConfig)
     sample_grid_size: int = 64
+    # Hyper-parameters moved by the images seen (core/schedules.py): name -> {start, final, shape, horizon_kimg, ...};
+    # names: lr, beta1, beta2, G_lr, D_beta2, ..., ema_half_life_kimg, augment_p and the objective's (gamma, ...).
+    # Each node is checked against ScalarScheduleConfig when the model is built (a typed dict of dataclasses would
+    # refuse `+model.schedules.lr={start: ...}` on the command line, an OmegaConf limitation).
+    schedules: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass
@@ -171,13 +176,11 @@ class R3GANDiscriminatorConfig:
 
 @dataclass
 class R3GANObjectiveConfig:
-    """`model.objective` of `model=r3gan` (pixelsmith.gan.objectives.R3GANObjective): R1 + R2 weight gamma, moving
-    to gamma_final along a cosine over decay_kimg; no separate loss or regularisers."""
+    """`model.objective` of `model=r3gan` (pixelsmith.gan.objectives.R3GANObjective): R1 + R2 weight gamma (moved by
+    `model.schedules.gamma` in the presets); no separate loss or regularisers."""
 
     _target_: str = "pixelsmith.gan.objectives.R3GANObjective"
     gamma: float = 0.05
-    gamma_final: float | None = None
-    decay_kimg: float = 20_000.0
     order: list[str] = field(default_factory=lambda: ["D", "G"])
 
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import logging
 from contextlib import nullcontext
+from functools import partial
 from typing import Any
 
 import torch
@@ -23,6 +24,7 @@ from torchvision.utils import make_grid
 
 from pixelsmith.core.config import EMAConfig, OptimizerConfig, as_config
 from pixelsmith.core.module import CoreSettings, IterationResult, OptimizerDefinition, TrainingCore
+from pixelsmith.errors import PixelsmithError
 from pixelsmith.gan.objectives import GANBatch, GANObjective, Phase
 
 log = logging.getLogger(__name__)
@@ -44,6 +46,7 @@ class GANModule(TrainingCore):
         d_optimizer: Any = None,
         ema: Any = None,
         sample_grid_size: int = 64,
+        schedules: Any = None,
         augment: nn.Module | None = None,
         _target_: str | None = None,  # accepted so a config node can be passed whole
     ):
@@ -76,6 +79,12 @@ class GANModule(TrainingCore):
         # Fixed latents for sample grids: a buffer, so a resumed run draws the very same grid.
         gen = torch.Generator().manual_seed(core.seed)
         self.register_buffer("sample_z", torch.randn(sample_grid_size, self.z_dim, generator=gen))
+        if "augment_p" in (schedules or {}) and getattr(augment, "target", None) is not None:
+            raise PixelsmithError(
+                f"model.schedules.augment_p sets ADA's p, but augment.target={augment.target} adapts it: set "
+                "augment.target=null for a scheduled p (R3GAN's presets do)."
+            )
+        self.add_schedules(schedules)
 
     # ---- TrainingCore contract -----------------------------------------------------------------------------------
     def networks(self) -> dict[str, nn.Module]:
@@ -94,6 +103,17 @@ class GANModule(TrainingCore):
                 "D", list(self.discriminator.parameters()), self.d_optimizer, ratio("D"), ratio("D")
             ),
         ]
+
+    def schedule_targets(self) -> dict[str, Any]:
+        """The core's (lr, betas, EMA half-life), the objective's own scalars (R3GAN's `gamma`, WGAN-GP's
+        `gp_weight`: `GANObjective.scheduled_scalars`), and `augment_p`: ADA's p, fixed rather than adapted
+        (`augment.target=null`), as R3GAN's presets ramp it."""
+        targets = super().schedule_targets()
+        for name, buffer in self.objective.scheduled_scalars().items():
+            targets[name] = partial(_set_buffer, buffer)
+        if self.augment is not None and hasattr(self.augment, "set_p"):
+            targets["augment_p"] = self.augment.set_p
+        return targets
 
     # ---- what the objective calls (pixelsmith.gan.objectives.GANStep) ----------------------------------------------
     @property
@@ -255,3 +275,12 @@ class GANModule(TrainingCore):
         images = self.generate(self.sample_z)
         nrow = max(1, int(round(images.shape[0] ** 0.5)))
         return make_grid(images.add(1).div(2), nrow=nrow, padding=2, pad_value=1.0).cpu()
+
+
+def _set_buffer(buffer: torch.Tensor, value: float | torch.Tensor) -> None:
+    """A scheduled scalar into its buffer: copied on the device inside a replay, filled from the host's float
+    otherwise (neither waits for the device)."""
+    if torch.is_tensor(value):
+        buffer.copy_(value)
+    else:
+        buffer.fill_(value)

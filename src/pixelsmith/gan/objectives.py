@@ -378,15 +378,13 @@ class GANObjective(nn.Module):
         `batch_size`: all of them, for an objective whose phases share one real batch."""
         return batch_size
 
+    def scheduled_scalars(self) -> dict[str, Tensor]:
+        """This objective's hyper-parameters that `model.schedules` may move (name -> a 0-dim buffer the loss reads,
+        so a CUDA-graph replay sees each new value): none here; R3GAN's `gamma`, WGAN-GP's `gp_weight`."""
+        return {}
+
 
 # ---- R3GAN ------------------------------------------------------------------------------------------------------
-def cosine_ramp(start: float, final: float, progress: Tensor) -> Tensor:
-    """`start` moving to `final` along a half cosine as `progress` goes 0 -> 1, then `final` (a device tensor: no
-    host read, nothing baked into a captured graph)."""
-    done = progress.clamp(0.0, 1.0)
-    return final + (start - final) * 0.5 * (1.0 + torch.cos(math.pi * done))
-
-
 class R3GANObjective(GANObjective):
     """R3GAN (Huang et al. 2024; `brownvc/R3GAN`, `R3GAN/Trainer.py`): the relativistic pairing loss with R1 and R2.
 
@@ -396,9 +394,8 @@ class R3GANObjective(GANObjective):
     - Gmain: mean of softplus(-(D(x_fake) - D(x_real))) on a real batch of its own: the loader batch holds two
       (data.batch_size = 2 x the reference's batch), the first half for D's step and the second for G's. D(x_real) is
       a constant there: D is frozen outside its own step and the reals need no gradient.
-    - gamma moves from `gamma` to `gamma_final` along a cosine over `decay_kimg` thousand images (counted as the
-      reference does: one batch of the D step an iteration), then stays; this objective keeps that count itself (a
-      buffer, so it resumes with the run).
+    - gamma is a buffer the loss reads; `model.schedules.gamma` moves it (the presets: a cosine over 20M images,
+      counted as the reference does, one batch of the D step an iteration, `images_per_iteration`).
 
     Regularisers are not part of R3GAN: any given are refused rather than run beside R1/R2.
     """
@@ -406,8 +403,6 @@ class R3GANObjective(GANObjective):
     def __init__(
         self,
         gamma: float = 0.05,
-        gamma_final: float | None = None,
-        decay_kimg: float = 20_000.0,
         order: Sequence[str] = ("D", "G"),
         loss: AdversarialLoss | None = None,
         regularizers: Mapping[str, Regularizer | None] | None = None,
@@ -424,14 +419,10 @@ class R3GANObjective(GANObjective):
                 f"({type(loss).__name__}) would be ignored: remove it."
             )
         super().__init__(NonSaturatingLoss(), {}, order)
-        if float(gamma) < 0 or (gamma_final is not None and float(gamma_final) < 0) or float(decay_kimg) <= 0:
-            raise PixelsmithError(
-                f"R3GANObjective: gamma={gamma} and gamma_final={gamma_final} must be >= 0, decay_kimg={decay_kimg} > 0."
-            )
-        self.gamma = float(gamma)
-        self.gamma_final = float(gamma if gamma_final is None else gamma_final)
-        self.decay_images = float(decay_kimg) * 1000.0
-        self.register_buffer("images_seen", torch.zeros((), dtype=torch.float64))
+        if float(gamma) < 0:
+            raise PixelsmithError(f"R3GANObjective: gamma={gamma} must be >= 0.")
+        # Not persistent: the config or model.schedules.gamma gives it at every start.
+        self.register_buffer("gamma", torch.tensor(float(gamma)), persistent=False)
 
     def phases(self) -> list[Phase]:
         # Dmain differentiates through D's input gradient (R1, R2) every iteration.
@@ -443,8 +434,8 @@ class R3GANObjective(GANObjective):
     def images_per_iteration(self, batch_size: int) -> int:
         return batch_size // 2
 
-    def current_gamma(self) -> Tensor:
-        return cosine_ramp(self.gamma, self.gamma_final, self.images_seen / self.decay_images)
+    def scheduled_scalars(self) -> dict[str, Tensor]:
+        return {"gamma": self.gamma}
 
     def sample_inputs(self, phase: Phase, batch: GANBatch, z_dim: int) -> dict[str, Tensor]:
         reals = batch.reals
@@ -478,11 +469,9 @@ class R3GANObjective(GANObjective):
         )
         r1 = (real_grad.float() / scale).square().sum(dim=[1, 2, 3])
         r2 = (fake_grad.float() / scale).square().sum(dim=[1, 2, 3])
-        gamma = self.current_gamma().float()
+        gamma = self.gamma.float()
         adversarial = F.softplus(-(real_logits - fake_logits))
         loss = (adversarial + gamma / 2 * (r1 + r2)).mean()
-        with torch.no_grad():
-            self.images_seen.add_(real.shape[0] * getattr(step, "world_size", 1))
         return PhaseLoss(
             loss,
             {
