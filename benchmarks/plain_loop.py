@@ -26,6 +26,7 @@ from pixelsmith.core.module import eager
 from pixelsmith.core.optim import build_optimizer, optimizer_factory
 from pixelsmith.core.precision import AUTOCAST_DTYPES
 from pixelsmith.errors import PixelsmithError
+from pixelsmith.gan.module import build_objective
 from pixelsmith.gan.objectives import GANBatch, GANObjective, Phase
 from pixelsmith.hardware import RuntimePlan
 
@@ -77,11 +78,11 @@ class PlainGAN:
             opt.step()
         opt.zero_grad(set_to_none=True)
 
-    def _phase(self, phase: Phase, reals: torch.Tensor) -> None:
+    def _phase(self, phase: Phase, reals: torch.Tensor, draw: int = 0) -> None:
         trained, frozen = (self.G, self.D) if phase.network == "G" else (self.D, self.G)
         frozen.requires_grad_(False)
         trained.requires_grad_(True)
-        inputs = self.objective.sample_inputs(phase, GANBatch(reals), self.z_dim)
+        inputs = self.objective.sample_inputs(phase, GANBatch(reals, draw=draw), self.z_dim)
         # As GANModule.run_phase: one autocast region per main phase; eager networks where a phase differentiates
         # a gradient (a compiled backward is not differentiable).
         with eager(trained) if phase.double_backward else self.autocast():
@@ -101,10 +102,14 @@ class PlainGAN:
         else:
             phases = [p for p in phases if p.name in phase_names]
         for phase in phases:
-            self._phase(phase, reals)
-        self.images_seen += reals.shape[0]
+            for draw in range(
+                phase.repeats
+            ):  # as GANModule: a repeated phase (WGAN-GP's critic) on its own draws
+                self._phase(phase, reals, draw)
+        images = self.objective.images_per_iteration(reals.shape[0])
+        self.images_seen += images
         if self.ema is not None:
-            self.ema.update(self.G, reals.shape[0], self.images_seen)
+            self.ema.update(self.G, images, self.images_seen)
         self.iteration += 1
 
     def phase_sets(self) -> list[tuple[str, ...]]:
@@ -127,7 +132,7 @@ def build_plain_gan(
     model = cfg.model
     G = instantiate(model.generator).to(device)
     D = instantiate(model.discriminator).to(device)
-    objective = instantiate(model.objective).to(device)
+    objective = build_objective(model.objective).to(device)
     if plan.channels_last:
         G.to(memory_format=torch.channels_last)
         D.to(memory_format=torch.channels_last)

@@ -48,6 +48,7 @@ FORK_PARTS: dict[str, tuple[str, ...]] = {
         "conf/experiment/dcgan_paper.yaml",
         "conf/experiment/mnist_*.yaml",
         "conf/experiment/stylegan2_*.yaml",
+        "conf/experiment/r3gan_*.yaml",
         "conf/hparams_search/gan_optuna.yaml",
         "tests/test_gan_*.py",
         "tests/test_networks_*.py",

@@ -52,7 +52,6 @@ def test_gan_network_configs_match_their_classes_arguments(schema_name):
     [
         ("GANModelConfig", {"core", "augment"}),
         ("GANObjectiveConfig", set()),
-        ("R3GANObjectiveConfig", {"loss", "regularizers"}),  # taken only to be refused with a message
     ],
 )
 def test_model_schemas_and_their_modules_take_the_same_keys(schema_name, passed_by_train):

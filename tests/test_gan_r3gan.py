@@ -81,7 +81,7 @@ def test_the_g_step_is_softplus_of_minus_fake_minus_real_on_its_own_reals():
         3.0,
     ]
     assert d_inputs["z"].shape == (2, 8) and objective.images_per_iteration(4) == 2
-    with pytest.raises(PixelsmithError, match="data.batch_size=3 must be even"):
+    with pytest.raises(PixelsmithError, match="data.batch_size=3 must be a multiple of 2"):
         objective.sample_inputs(gmain, GANBatch(torch.zeros(3, 1, 2, 2)), 8)
 
 
@@ -112,13 +112,18 @@ def test_gamma_is_a_buffer_the_loss_reads_that_a_schedule_writes():
     assert "gamma" not in objective.state_dict()  # the config or the schedule gives it at every start
 
 
-def test_regularisers_or_a_loss_beside_r3gans_are_refused_not_run():
-    with pytest.raises(PixelsmithError, match=r"takes no regularisers \(got \['r1'\]\)"):
-        R3GANObjective(regularizers={"r1": R1Penalty(gamma=1.0)})
-    with pytest.raises(PixelsmithError, match=r"model.objective.loss \(HingeLoss\) would be ignored"):
-        from pixelsmith.gan.objectives import HingeLoss
+def test_regularisers_or_a_loss_beside_r3gans_are_named_at_start_up_not_run(caplog):
+    from pixelsmith.gan.objectives import HingeLoss
 
-        R3GANObjective(loss=HingeLoss())
+    with caplog.at_level("WARNING"):
+        objective = R3GANObjective(regularizers={"r1": R1Penalty(gamma=1.0)}, loss=HingeLoss())
+    said = caplog.text
+    assert (
+        "R3GANObjective does not run model.objective.regularizers ['r1'] or model.objective.loss (HingeLoss)"
+        in said
+    )
+    assert [p.name for p in objective.phases()] == ["Dmain", "Gmain"] and not len(objective.regularizers)
+    assert isinstance(objective.adversarial, type(R3GANObjective().adversarial))  # not the hinge
 
 
 def test_g_step_leaves_d_unchanged_and_d_step_leaves_g(make_cfg):
@@ -192,3 +197,86 @@ def test_the_digits_preset_trains_and_counts_the_d_steps_images(tmp_path):
     assert metrics["loss/r1"] > 0 and metrics["loss/r2"] > 0
     assert 0.01 < metrics["r3gan/gamma"] < 0.1  # moved along model.schedules.gamma's cosine from 0.1
     assert metrics["schedule/gamma"] == pytest.approx(metrics["r3gan/gamma"])
+
+
+def test_class_conditioning_embeds_labels_in_g_and_projects_in_d():
+    """The reference's conditioning (`R3GAN/Networks.py`, ConditionDimension): G concatenates Linear(c) (z's size,
+    no bias) to z; D's head gives widths[0] features and the logit is their dot product with Linear(c)."""
+    kwargs = dict(resolution=8, channels=3, widths=[16, 8], groups=[4, 2], blocks=1)
+    G = R3GANGenerator(z_dim=4, c_dim=10, **kwargs)
+    D = R3GANDiscriminator(c_dim=10, **kwargs)
+    # Over the unconditional 5304 / 5256 (by hand above): G's embedding 4 x 10 and its basis Linear now (4 + 4) -> 16
+    # (+64); D's head Linear 16 -> 16 (+240) and its projection 16 x 10.
+    assert sum(p.numel() for p in G.parameters()) == 5304 + 40 + 64
+    assert sum(p.numel() for p in D.parameters()) == 5256 + 240 + 160
+    z, labels = torch.randn(3, 4), torch.tensor([0, 7, 9])
+    one_hot = torch.nn.functional.one_hot(labels, 10).float()
+    assert torch.equal(G(z, labels), G(z, one_hot))  # class indices or one-hot alike
+    images = G(z, labels)
+    features = D.main(D.from_image(images))  # [3, 16]
+    assert torch.allclose(D(images, labels), (features * D.embedding[:, labels].T).sum(1), atol=1e-6)
+    with pytest.raises(ValueError, match="conditional"):
+        D(images)
+
+
+def test_a_conditional_r3gan_learns_to_follow_its_labels():
+    """Three classes of flat grey images (level 40 + 80k): after training, G's mean brightness follows the label."""
+    from torch.utils.data import DataLoader, TensorDataset
+
+    from pixelsmith.core.module import CoreSettings
+    from pixelsmith.gan.module import GANModule
+    from tests.test_gan_objectives import bare_trainer
+
+    torch.manual_seed(0)
+    labels = torch.arange(3).repeat(64)
+    images = (40 + 80 * labels).view(-1, 1, 1, 1).expand(-1, 1, 8, 8).to(torch.uint8).contiguous()
+    loader = DataLoader(
+        TensorDataset(images, torch.zeros(len(labels), dtype=torch.bool), labels), batch_size=24, shuffle=True
+    )
+    kwargs = dict(resolution=8, channels=1, widths=[16, 16], groups=[2, 2], blocks=1, c_dim=3)
+    module = GANModule(
+        CoreSettings(max_steps=120, optimizer_impl="foreach", log_every_n_steps=40),
+        R3GANGenerator(z_dim=8, **kwargs),
+        R3GANDiscriminator(**kwargs),
+        objective=R3GANObjective(gamma=0.1, c_dim=3),
+        g_optimizer={"lr": 2e-3, "betas": [0.0, 0.9]},
+        d_optimizer={"lr": 2e-3, "betas": [0.0, 0.9]},
+        ema={"enabled": False},
+        sample_grid_size=6,
+    )
+    bare_trainer().fit(module, loader)
+    z = torch.randn(256, 8)
+    with torch.no_grad():
+        means = [float(module.generator(z, torch.full((256,), k)).mean()) for k in range(3)]
+    assert means[0] < means[1] < means[2], means  # the data's class means: -0.69, -0.06, 0.57
+    assert means[2] - means[0] > 0.6, means
+    grid = module.generate(torch.randn(6, 8))  # sample grids cycle through the classes: 0, 1, 2, 0, 1, 2
+    assert grid[2].mean() > grid[0].mean()
+
+
+def test_a_conditional_r3gan_without_labelled_data_says_how_to_get_them():
+    objective = R3GANObjective(c_dim=10)
+    with pytest.raises(PixelsmithError, match="data.labels=true"):
+        objective.sample_inputs(objective.phases()[0], GANBatch(torch.zeros(4, 1, 8, 8)), 8)
+
+
+def test_the_digits_preset_trains_class_conditionally_on_mnists_labels(tmp_path):
+    from tests.conftest import FAST, compose_config
+
+    cfg = compose_config(
+        [
+            *FAST,
+            "experiment=mnist_r3gan",
+            "model.generator.widths=[16,16,16,16]",
+            "model.generator.groups=[2,2,2,2]",
+            "model.generator.c_dim=10",
+            "data.labels=true",
+            "max_steps=3",
+            "train.sample_every_n_steps=3",
+        ],
+        tmp_path / "run",
+    )
+    assert cfg.model.discriminator.c_dim == cfg.model.objective.c_dim == 10
+    metrics = run(cfg)
+    assert metrics["iteration"] == 3 and math.isfinite(metrics["loss/D"])
+    assert list((tmp_path / "run").rglob("*.png"))  # the sample grid, one class per row position

@@ -48,7 +48,16 @@ REFERENCE = {
 }
 REFERENCE_TOTAL_NIMG = 2e7
 REFERENCE_AUGMENT_MULTIPLIERS = dict(
-    xflip=1, rotate90=1, xint=1, scale=1, rotate=1, aniso=1, xfrac=1, brightness=0.5, contrast=0.5, lumaflip=0.5
+    xflip=1,
+    rotate90=1,
+    xint=1,
+    scale=1,
+    rotate=1,
+    aniso=1,
+    xfrac=1,
+    brightness=0.5,
+    contrast=0.5,
+    lumaflip=0.5,
 ) | dict(hue=0.5, saturation=0.5, cutout=1)
 
 
@@ -90,7 +99,9 @@ def test_the_preset_equals_the_references_table(tmp_path, preset):
 
 def _reference_block(width, groups, expansion=2, kernel=3):
     expanded = width * expansion
-    return width * expanded + expanded * (expanded // groups) * kernel * kernel + expanded * width + 2 * expanded
+    return (
+        width * expanded + expanded * (expanded // groups) * kernel * kernel + expanded * width + 2 * expanded
+    )
 
 
 def _reference_counts(widths, groups, z_dim=64, channels=3):
@@ -108,7 +119,9 @@ def test_the_presets_networks_have_the_references_parameter_counts(tmp_path, pre
     expected_g, expected_d = _reference_counts(REFERENCE[preset]["widths"], REFERENCE[preset]["groups"])
     assert sum(p.numel() for p in G.parameters()) == expected_g
     assert sum(p.numel() for p in D.parameters()) == expected_d
-    if preset == "r3gan_cifar10":  # by hand: 8 blocks of 2,583,552; G + basis, Linear(z), to-RGB; D + from-RGB, head
+    if (
+        preset == "r3gan_cifar10"
+    ):  # by hand: 8 blocks of 2,583,552; G + basis, Linear(z), to-RGB; D + from-RGB, head
         assert expected_g == 8 * 2_583_552 + 12_288 + 49_152 + 2_304 == 20_732_160
         assert expected_d == 2_304 + 8 * 2_583_552 + 12_288 + 768 == 20_683_776
 

@@ -121,7 +121,7 @@ class ImageDataModule(L.LightningDataModule):
         images = getattr(self.train_set, "images", None)
         if self.on_device and isinstance(images, torch.Tensor):
             device = trainer.strategy.root_device if trainer is not None else images.device
-            return DeviceResidentBatches(images.to(device), sampler)
+            return DeviceResidentBatches(images.to(device), sampler, getattr(self.train_set, "labels", None))
         workers = self.num_workers
         return DataLoader(
             self.train_set,

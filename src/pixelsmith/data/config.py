@@ -46,6 +46,7 @@ class MNISTDataConfig(DataConfig):
     # keep the images on the training device and slice batches there (data/on_device.py)
     on_device: bool = False
     mirror: bool = False  # x-flipped copies doubling the dataset (NVlabs' --mirror)
+    labels: bool = False  # yield the digit labels (batch.labels) for class-conditional objectives
 
 
 @dataclass

@@ -65,18 +65,28 @@ def mnist_reference(
 
 
 class TensorImageDataset(Dataset):
-    def __init__(self, images: torch.Tensor):
+    """Images held in one tensor; with `labels`, items are `(image, skipped_flag, label)` (the GAN loop's labelled
+    batch: the flag is always False here, nothing is decoded)."""
+
+    def __init__(self, images: torch.Tensor, labels: torch.Tensor | None = None):
         self.images = images
+        self.labels = labels
 
     def __len__(self) -> int:
         return self.images.shape[0]
 
-    def __getitem__(self, index: int) -> torch.Tensor:
-        return self.images[index]
+    def __getitem__(self, index: int):
+        if self.labels is None:
+            return self.images[index]
+        return self.images[index], torch.tensor(False), self.labels[index]
 
-    def __getitems__(self, indices: list[int]) -> list[torch.Tensor]:
+    def __getitems__(self, indices: list[int]) -> list:
         # One gather instead of B Python-level index operations; the default collate stacks the list back.
-        return list(self.images[torch.as_tensor(indices)])
+        index = torch.as_tensor(indices)
+        if self.labels is None:
+            return list(self.images[index])
+        flags = torch.zeros(len(indices), dtype=torch.bool)
+        return list(zip(self.images[index], flags, self.labels[index], strict=True))
 
 
 class MNISTDataModule(ImageDataModule):
@@ -88,10 +98,12 @@ class MNISTDataModule(ImageDataModule):
         channels: int = 1,
         limit: int | None = None,
         mirror: bool = False,
+        labels: bool = False,
         **loader_kwargs,
     ):
         super().__init__(**loader_kwargs)
         self.mirror = mirror
+        self.labels = labels
         if channels not in (1, 3):
             raise ValueError(
                 f"data.channels={channels}: MNIST is served as 1 (grey) or 3 (repeated) channels."
@@ -103,16 +115,16 @@ class MNISTDataModule(ImageDataModule):
     def setup(self, stage: str | None = None) -> None:
         if self.train_set is not None:
             return
-        images, _ = load_mnist(self.resolution)
+        images, labels = load_mnist(self.resolution)
         if self.limit:
-            images = images[: self.limit]
+            images, labels = images[: self.limit], labels[: self.limit]
         if self.channels == 3:
             images = images.repeat(1, 3, 1, 1)
         if (
             self.mirror
         ):  # NVlabs' --mirror: the x-flipped copies after the originals, held as one tensor (on_device)
-            images = torch.cat([images, images.flip(-1)])
-        self.train_set = TensorImageDataset(images)
+            images, labels = torch.cat([images, images.flip(-1)]), torch.cat([labels, labels])
+        self.train_set = TensorImageDataset(images, labels if self.labels else None)
 
     def reference_source(self, seed: int = 0):
         """(fingerprint, protocol, batch factory, image count) of the real images for FID reference statistics:

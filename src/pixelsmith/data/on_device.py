@@ -17,10 +17,12 @@ from pixelsmith.data.sampler import IterationSampler
 
 
 class DeviceResidentBatches:
-    """An iterable of `num_iterations` batches (uint8 [B, C, H, W] on `images.device`) for iterations from `start`."""
+    """An iterable of `num_iterations` batches (uint8 [B, C, H, W] on `images.device`) for iterations from `start`;
+    with `labels`, `(images, skipped_flags, labels)` as a labelled DataLoader yields."""
 
-    def __init__(self, images: torch.Tensor, sampler: IterationSampler):
+    def __init__(self, images: torch.Tensor, sampler: IterationSampler, labels: torch.Tensor | None = None):
         self.images = images
+        self.labels = None if labels is None else labels.to(images.device)
         self.sampler = sampler
         self._epoch = -1
         self._permutation: torch.Tensor | None = None
@@ -55,4 +57,9 @@ class DeviceResidentBatches:
     def __iter__(self) -> Iterator[torch.Tensor]:
         start = self.sampler.start
         for iteration in range(start, start + self.sampler.num_iterations):
-            yield self.images.index_select(0, self.indices(iteration))
+            index = self.indices(iteration)
+            if self.labels is None:
+                yield self.images.index_select(0, index)
+            else:  # the GAN loop's labelled batch: (images, skipped flags (none), labels)
+                flags = torch.zeros(index.shape[0], dtype=torch.bool, device=index.device)
+                yield self.images.index_select(0, index), flags, self.labels.index_select(0, index)

@@ -34,8 +34,9 @@ class DCGANNorm(StrEnum):
 class GANObjectiveConfig:
     """`model.objective` (pixelsmith.gan.objectives): the adversarial loss (the `model/objective/loss` group:
     non_saturating | hinge), named regularisers (each a phase: r1 -> Dreg, path_length -> Greg; a zero gamma or
-    weight turns one off) and the order of the main phases ([D, G]: Dmain, Dreg, Gmain, Greg). A fork's objective
-    with arguments of its own gets a schema of its own (a subclass of this one)."""
+    weight turns one off) and the order of the main phases ([D, G]: Dmain, Dreg, Gmain, Greg). Documents the default
+    objective's keys; `model.objective` itself is untyped so another objective (R3GAN, WGAN-GP, a fork's) brings its
+    own keys, which the module checks against its class (`pixelsmith.gan.module.build_objective`)."""
 
     _target_: str = "pixelsmith.gan.objectives.GANObjective"
     loss: Any = MISSING  # {_target_: pixelsmith.gan.objectives.NonSaturatingLoss} (from model/objective/loss)
@@ -53,7 +54,10 @@ class GANModelConfig:
     name: str = MISSING
     generator: Any = MISSING  # {_target_: ..., kwargs}; instantiated by the module
     discriminator: Any = MISSING
-    objective: GANObjectiveConfig = field(default_factory=GANObjectiveConfig)
+    # Any objective by `_target_` (GANObjectiveConfig's keys for the default one; `model/objective=r3gan|wgan_gp`;
+    # a fork's own class): its keys are checked against that class's arguments when the model is built
+    # (gan/module.py), so an objective with arguments of its own needs no schema or registration here.
+    objective: Any = None
     g_optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
     d_optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
     ema: EMAConfig = field(default_factory=EMAConfig)
@@ -158,6 +162,10 @@ class R3GANGeneratorConfig:
     blocks: Any = 2  # per stage: one number, or a list (one per stage)
     expansion: int = 2
     kernel: int = 3
+    c_dim: int = 0  # > 0: class-conditional (the reference's ConditionDimension; labels one-hot or indices)
+    c_embed_dim: int | None = (
+        None  # the label embedding's size; null: the reference's (G: z_dim; D: widths[0])
+    )
 
 
 @dataclass
@@ -172,22 +180,15 @@ class R3GANDiscriminatorConfig:
     blocks: Any = 2
     expansion: int = 2
     kernel: int = 3
-
-
-@dataclass
-class R3GANObjectiveConfig:
-    """`model.objective` of `model=r3gan` (pixelsmith.gan.objectives.R3GANObjective): R1 + R2 weight gamma (moved by
-    `model.schedules.gamma` in the presets); no separate loss or regularisers."""
-
-    _target_: str = "pixelsmith.gan.objectives.R3GANObjective"
-    gamma: float = 0.05
-    order: list[str] = field(default_factory=lambda: ["D", "G"])
+    c_dim: int = 0  # > 0: class-conditional (the reference's ConditionDimension; labels one-hot or indices)
+    c_embed_dim: int | None = (
+        None  # the label embedding's size; null: the reference's (G: z_dim; D: widths[0])
+    )
 
 
 @dataclass
 class R3GANModelConfig(GANModelConfig):
-    """`model=r3gan` (`model/_r3gan_schema`): GANModelConfig with R3GAN's G, D and objective typed."""
+    """`model=r3gan` (`model/_r3gan_schema`): GANModelConfig with R3GAN's G and D typed."""
 
     generator: R3GANGeneratorConfig = field(default_factory=R3GANGeneratorConfig)
     discriminator: R3GANDiscriminatorConfig = field(default_factory=R3GANDiscriminatorConfig)
-    objective: R3GANObjectiveConfig = field(default_factory=R3GANObjectiveConfig)  # type: ignore[assignment]

@@ -12,13 +12,14 @@ iteration (EMA of G after buffers are synced across ranks, schedules, logging, g
 
 from __future__ import annotations
 
+import inspect
 import logging
 from contextlib import nullcontext
 from functools import partial
 from typing import Any
 
 import torch
-from hydra.utils import instantiate
+from hydra.utils import get_class, instantiate
 from torch import nn
 from torchvision.utils import make_grid
 
@@ -62,13 +63,7 @@ class GANModule(TrainingCore):
         self.discriminator = (
             discriminator if isinstance(discriminator, nn.Module) else instantiate(discriminator)
         )
-        self.objective = (
-            objective
-            if isinstance(objective, GANObjective)
-            else GANObjective()
-            if objective is None
-            else instantiate(objective)
-        )
+        self.objective = build_objective(objective)
         self.augment = augment
         self.z_dim = int(self.generator.z_dim)
         self.G_ema = self.add_ema("G", self.generator, ema_cfg)
@@ -187,7 +182,9 @@ class GANModule(TrainingCore):
         last_d = max((i for i, p in enumerate(phases) if p.network == "D"), default=-1)
         logs: dict[str, torch.Tensor] = {}
         for index, phase in enumerate(phases):
-            logs.update(self.run_phase(phase, data))
+            for draw in range(phase.repeats):  # WGAN-GP's critic: n_critic steps, each on its own draw
+                data.draw = draw
+                logs.update(self.run_phase(phase, data))
             if index == last_d and self.augment is not None:
                 self.augment.apply_update(
                     reals.shape[0] * self.world_size,
@@ -284,3 +281,39 @@ def _set_buffer(buffer: torch.Tensor, value: float | torch.Tensor) -> None:
         buffer.copy_(value)
     else:
         buffer.fill_(value)
+
+
+def build_objective(node: Any) -> GANObjective:
+    """`model.objective` as an objective: given as one, None (the default GANObjective), or a config node whose keys
+    are checked against its `_target_` class's arguments first, so a misspelled key of any objective (the shipped
+    ones or a fork's, none of which is registered anywhere) fails at start-up naming the keys it takes."""
+    if isinstance(node, GANObjective):
+        return node
+    if node is None:
+        return GANObjective()
+    if not hasattr(node, "get"):
+        raise PixelsmithError(
+            f"model.objective={node!r} is not an objective's config: give a node with a _target_ (e.g. "
+            "pixelsmith.gan.objectives.GANObjective), or +model/objective=r3gan|wgan_gp."
+        )
+    # No _target_: the default objective, whose keys (loss, regularizers, order) a model's YAML gives alone.
+    target = node.get("_target_") or "pixelsmith.gan.objectives.GANObjective"
+    node = {**node, "_target_": target}
+    try:
+        cls = get_class(target)
+    except Exception as error:  # Hydra wraps the import error
+        raise PixelsmithError(f"model.objective._target_={target!r} cannot be imported: {error}") from None
+    accepted = inspect.signature(cls.__init__).parameters
+    takes_any = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in accepted.values())
+    unknown = sorted(k for k in node if not k.startswith("_") and k not in accepted)
+    if unknown and not takes_any:
+        names = [name for name in accepted if name != "self"]
+        raise PixelsmithError(
+            f"model.objective has key(s) {unknown} that {cls.__name__} does not take; it takes: {', '.join(names)}."
+        )
+    objective = instantiate(node)
+    if not isinstance(objective, GANObjective):
+        raise PixelsmithError(
+            f"model.objective._target_={target} built a {type(objective).__name__}, not a GANObjective subclass."
+        )
+    return objective

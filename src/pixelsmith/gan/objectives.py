@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import logging
 import math
 from collections.abc import Mapping, Sequence
 from contextlib import AbstractContextManager
@@ -30,6 +31,8 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from pixelsmith.errors import PixelsmithError
+
+log = logging.getLogger(__name__)
 
 NETWORKS = ("G", "D")
 
@@ -45,6 +48,9 @@ class Phase:
     network: str
     interval: int = 1
     double_backward: bool = False
+    # Runs per iteration, each with its own inputs (`GANBatch.draw`) and its own optimizer step: WGAN-GP's 5 critic
+    # steps per generator step. An iteration is still one of `max_steps`.
+    repeats: int = 1
 
     def runs_at(self, iteration: int) -> bool:
         return iteration % self.interval == 0
@@ -61,10 +67,14 @@ class PhaseLoss:
 @dataclass
 class GANBatch:
     """One iteration's data on the device: real images in [-1, 1], and labels when the loader yields them (a batch's
-    third element: `(images, skipped_flags, labels)`), for conditional objectives."""
+    third element: `(images, skipped_flags, labels)`), for conditional objectives. An objective whose phases each draw
+    their own reals (`GANObjective.real_draws`) splits `reals` into that many equal draws (`real_draw`)."""
 
     reals: Tensor
     labels: Tensor | None = None
+    draw: int = (
+        0  # which run of a repeated phase this is (`Phase.repeats`): the objective picks its real draw by it
+    )
 
 
 class GANStep(Protocol):
@@ -373,10 +383,33 @@ class GANObjective(nn.Module):
             raise PixelsmithError(f"{type(self).__name__} has no phase {phase.name!r}.")
         return reg.loss(step, inputs)
 
+    def real_draws(self) -> int:
+        """Real batches an iteration draws from the loader: its batch holds them side by side (data.batch_size is
+        their sum) and `real_draw` hands each phase run its own. 1 here: every phase shares the batch. R3GAN: 2
+        (D's step, G's step); WGAN-GP: n_critic (one per critic step)."""
+        return 1
+
+    def real_draw(self, batch: GANBatch, index: int) -> tuple[Tensor, Tensor | None]:
+        """The reals (and labels) of draw `index` of the loader batch."""
+        draws = self.real_draws()
+        size, rest = divmod(batch.reals.shape[0], draws)
+        if size == 0 or rest:
+            raise PixelsmithError(
+                f"{type(self).__name__} draws {draws} real batches an iteration from one loader batch: "
+                f"data.batch_size={batch.reals.shape[0]} must be a multiple of {draws} (the reference's batch x "
+                f"{draws})."
+            )
+        part = slice(index * size, (index + 1) * size)
+        return batch.reals[part], None if batch.labels is None else batch.labels[part]
+
     def images_per_iteration(self, batch_size: int) -> int:
-        """The images an iteration counts (kimg, the EMA's half-life, throughput) out of a loader batch of
-        `batch_size`: all of them, for an objective whose phases share one real batch."""
-        return batch_size
+        """The images an iteration counts (kimg, the EMA's half-life, the schedules, throughput) out of a loader batch
+        of `batch_size`: the real images D's main phase trains on, over all its runs (one draw each). All of the
+        batch for an objective whose phases share it; for R3GAN half (its reference counts D's batch); for WGAN-GP
+        all n_critic draws."""
+        draws = self.real_draws()
+        runs = sum(phase.repeats for phase in self.phases() if phase.name == "Dmain") if draws > 1 else 1
+        return batch_size // draws * runs
 
     def scheduled_scalars(self) -> dict[str, Tensor]:
         """This objective's hyper-parameters that `model.schedules` may move (name -> a 0-dim buffer the loss reads,
@@ -391,36 +424,31 @@ class R3GANObjective(GANObjective):
     - Dmain: mean over the batch of softplus(-(D(x_real) - D(x_fake))) + gamma / 2 * (R1 + R2), R1 and R2 the squared
       gradient norms (summed over C, H, W) of D at the reals and at the G-detached fakes, taken w.r.t. the images
       *before* augmentation (D_forward augments inside, so the gradient runs through it), on every D step.
-    - Gmain: mean of softplus(-(D(x_fake) - D(x_real))) on a real batch of its own: the loader batch holds two
-      (data.batch_size = 2 x the reference's batch), the first half for D's step and the second for G's. D(x_real) is
-      a constant there: D is frozen outside its own step and the reals need no gradient.
+    - Gmain: mean of softplus(-(D(x_fake) - D(x_real))) on a real batch of its own: the loader batch holds two draws
+      (`real_draws` 2: data.batch_size = 2 x the reference's batch), the first for D's step and the second for G's.
+      D(x_real) is a constant there: D is frozen outside its own step and the reals need no gradient.
     - gamma is a buffer the loss reads; `model.schedules.gamma` moves it (the presets: a cosine over 20M images,
       counted as the reference does, one batch of the D step an iteration, `images_per_iteration`).
 
-    Regularisers are not part of R3GAN: any given are refused rather than run beside R1/R2.
+    Regularisers and a separate loss are not part of R3GAN: any the config brings (`+model/objective=r3gan` over a
+    model whose objective has them) are named at start-up and not run.
     """
 
     def __init__(
         self,
         gamma: float = 0.05,
         order: Sequence[str] = ("D", "G"),
+        c_dim: int = 0,
         loss: AdversarialLoss | None = None,
         regularizers: Mapping[str, Regularizer | None] | None = None,
     ):
-        declared = {name: reg for name, reg in (regularizers or {}).items() if reg is not None}
-        if declared:
-            raise PixelsmithError(
-                f"R3GANObjective takes no regularisers (got {sorted(declared)}): R1 and R2 are part of its D step. "
-                "Remove model.objective.regularizers, or use model.objective.gamma to weight them."
-            )
-        if loss is not None:
-            raise PixelsmithError(
-                f"R3GANObjective's loss is its relativistic pairing loss; model.objective.loss "
-                f"({type(loss).__name__}) would be ignored: remove it."
-            )
+        _name_what_is_not_run(type(self).__name__, "R1 and R2 are part of its D step", loss, regularizers)
         super().__init__(NonSaturatingLoss(), {}, order)
-        if float(gamma) < 0:
-            raise PixelsmithError(f"R3GANObjective: gamma={gamma} must be >= 0.")
+        if float(gamma) < 0 or int(c_dim) < 0:
+            raise PixelsmithError(f"R3GANObjective: gamma={gamma} and c_dim={c_dim} must be >= 0.")
+        # Class-conditional (the networks' c_dim): each draw's labels condition its reals and its fakes alike, so
+        # the relativistic pairs are of one class; sample grids and FID cycle through the classes.
+        self.c_dim = int(c_dim)
         # Not persistent: the config or model.schedules.gamma gives it at every start.
         self.register_buffer("gamma", torch.tensor(float(gamma)), persistent=False)
 
@@ -431,36 +459,43 @@ class R3GANObjective(GANObjective):
     def lazy_ratio(self, network: str) -> float:
         return 1.0
 
-    def images_per_iteration(self, batch_size: int) -> int:
-        return batch_size // 2
+    def real_draws(self) -> int:
+        return 2
 
     def scheduled_scalars(self) -> dict[str, Tensor]:
         return {"gamma": self.gamma}
 
     def sample_inputs(self, phase: Phase, batch: GANBatch, z_dim: int) -> dict[str, Tensor]:
-        reals = batch.reals
-        if reals.shape[0] < 2 or reals.shape[0] % 2:
-            raise PixelsmithError(
-                f"R3GAN splits each loader batch between D's step and G's: data.batch_size={reals.shape[0]} must be "
-                "even (twice the reference's batch)."
-            )
-        half = reals.shape[0] // 2
-        own = reals[:half] if phase.name == "Dmain" else reals[half:]
-        return {"real": own, "z": torch.randn(half, z_dim, device=reals.device)}
+        own, labels = self.real_draw(batch, 0 if phase.name == "Dmain" else 1)
+        inputs = {"real": own, "z": torch.randn(own.shape[0], z_dim, device=own.device)}
+        if self.c_dim:
+            if labels is None:
+                raise PixelsmithError(
+                    f"R3GAN is class-conditional here (model.objective.c_dim={self.c_dim}), but the data yields no "
+                    "labels: use labelled data (data=mnist data.labels=true), or set model.generator.c_dim=0."
+                )
+            inputs["c"] = labels
+        return inputs
+
+    def sample_conditions(self, count: int, device: torch.device) -> tuple[Tensor, ...]:
+        if not self.c_dim:
+            return ()
+        return (torch.arange(count, device=device) % self.c_dim,)
 
     def loss(self, phase: Phase, step: GANStep, inputs: Mapping[str, Tensor]) -> PhaseLoss:
+        c = (inputs["c"],) if "c" in inputs else ()
         if phase.name == "Gmain":
-            fake_logits = step.D_forward(step.G_forward(inputs["z"])).float()
+            fake_logits = step.D_forward(step.G_forward(inputs["z"], *c), *c).float()
             with torch.no_grad():
-                real_logits = step.D_forward(inputs["real"]).float()
+                real_logits = step.D_forward(inputs["real"], *c).float()
             loss = F.softplus(-(fake_logits - real_logits)).mean()
             return PhaseLoss(loss, {"loss/G": loss.detach()})
         if phase.name != "Dmain":
             raise PixelsmithError(f"R3GANObjective has no phase {phase.name!r}.")
         real = inputs["real"].detach().requires_grad_(True)
-        fake = step.G_forward(inputs["z"], grad=False).detach().requires_grad_(True)
-        real_logits = step.D_forward(real, reals=True).float()
-        fake_logits = step.D_forward(fake).float()
+        fake = step.G_forward(inputs["z"], *c, grad=False).detach().requires_grad_(True)
+        real_logits = step.D_forward(real, *c, reals=True).float()
+        fake_logits = step.D_forward(fake, *c).float()
         # One autograd.grad for both penalties (their sums are independent); under fp16 the GradScaler's scale keeps
         # small gradients from flushing to zero and is divided out again, as r1_penalty does.
         scale = step.loss_scale()
@@ -479,6 +514,119 @@ class R3GANObjective(GANObjective):
                 "loss/r1": r1.detach().mean(),
                 "loss/r2": r2.detach().mean(),
                 "r3gan/gamma": gamma.detach(),
+                "logits/real": real_logits.detach().mean(),
+                "logits/fake": fake_logits.detach().mean(),
+            },
+        )
+
+
+def _name_what_is_not_run(
+    objective: str,
+    why: str,
+    loss: AdversarialLoss | None,
+    regularizers: Mapping[str, Regularizer | None] | None,
+) -> None:
+    """An objective with its own loss and penalties, composed over a model whose objective node brings a loss or
+    regularisers (`model=stylegan2 +model/objective=wgan_gp` merges into stylegan2's R1 and path length): say at
+    start-up what will not run, rather than run it beside the objective's own or drop it unseen."""
+    named = sorted(name for name, reg in (regularizers or {}).items() if reg is not None and reg.enabled)
+    if named or loss is not None:
+        parts = ([f"model.objective.regularizers {named}"] if named else []) + (
+            [f"model.objective.loss ({type(loss).__name__})"] if loss is not None else []
+        )
+        log.warning(
+            "%s does not run %s: %s. Remove them (~model.objective.regularizers ~model.objective.loss) to silence this.",
+            objective,
+            " or ".join(parts),
+            why,
+        )
+
+
+# ---- WGAN-GP ----------------------------------------------------------------------------------------------------
+class WGANGPObjective(GANObjective):
+    """WGAN-GP (Gulrajani et al. 2017, "Improved Training of Wasserstein GANs", Algorithm 1): `n_critic` critic steps
+    per generator step, each on a real batch of its own (`real_draws` = n_critic: data.batch_size = n_critic x the
+    paper's batch), then one generator step.
+
+    - Dmain (repeated n_critic times): mean D(x_fake) - mean D(x_real) + gp_weight * mean((||grad D(x_hat)||_2 - 1)^2),
+      x_hat = e x_real + (1 - e) x_fake with e ~ U(0, 1) per sample; the gradient is taken w.r.t. x_hat before
+      augmentation (D_forward augments inside), as R3GAN's penalties.
+    - Gmain: -mean D(G(z)).
+    - `gp_weight` is a buffer, so `model.schedules.gp_weight` may move it.
+
+    The paper's hyper-parameters: lambda 10, n_critic 5, Adam lr 1e-4, betas (0, 0.9) (`conf/model/objective/
+    wgan_gp.yaml` sets the optimizers too). An iteration is one generator step; it counts the n_critic draws' images.
+    """
+
+    def __init__(
+        self,
+        n_critic: int = 5,
+        gp_weight: float = 10.0,
+        order: Sequence[str] = ("D", "G"),
+        loss: AdversarialLoss | None = None,
+        regularizers: Mapping[str, Regularizer | None] | None = None,
+    ):
+        _name_what_is_not_run(
+            type(self).__name__, "its gradient penalty is part of its critic step", loss, regularizers
+        )
+        if int(n_critic) < 1 or float(gp_weight) < 0:
+            raise PixelsmithError(
+                f"WGANGPObjective: n_critic={n_critic} must be at least 1 and gp_weight={gp_weight} >= 0."
+            )
+        self.n_critic = int(n_critic)  # before the base class reads the phase table
+        super().__init__(NonSaturatingLoss(), {}, order)
+        self.register_buffer("gp_weight", torch.tensor(float(gp_weight)), persistent=False)
+
+    def phases(self) -> list[Phase]:
+        return [
+            Phase("Dmain", "D", double_backward=True, repeats=self.n_critic)
+            if network == "D"
+            else Phase("Gmain", "G")
+            for network in self.order
+        ]
+
+    def lazy_ratio(self, network: str) -> float:
+        return 1.0
+
+    def real_draws(self) -> int:
+        return self.n_critic
+
+    def scheduled_scalars(self) -> dict[str, Tensor]:
+        return {"gp_weight": self.gp_weight}
+
+    def sample_inputs(self, phase: Phase, batch: GANBatch, z_dim: int) -> dict[str, Tensor]:
+        reals, _ = self.real_draw(batch, batch.draw if phase.name == "Dmain" else 0)
+        inputs = {"z": torch.randn(reals.shape[0], z_dim, device=reals.device)}
+        if phase.name == "Dmain":
+            inputs["real"] = reals
+            inputs["mix"] = torch.rand(reals.shape[0], 1, 1, 1, device=reals.device)
+        return inputs
+
+    def loss(self, phase: Phase, step: GANStep, inputs: Mapping[str, Tensor]) -> PhaseLoss:
+        if phase.name == "Gmain":
+            loss = -step.D_forward(step.G_forward(inputs["z"])).float().mean()
+            return PhaseLoss(loss, {"loss/G": loss.detach()})
+        if phase.name != "Dmain":
+            raise PixelsmithError(f"WGANGPObjective has no phase {phase.name!r}.")
+        real = inputs["real"]
+        fake = step.G_forward(inputs["z"], grad=False).detach()
+        real_logits = step.D_forward(real, reals=True).float()
+        fake_logits = step.D_forward(fake).float()
+        mix = inputs["mix"].to(real.dtype)
+        between = (mix * real.detach() + (1 - mix) * fake.to(real.dtype)).requires_grad_(True)
+        scale = step.loss_scale()
+        (grad,) = torch.autograd.grad(
+            step.D_forward(between).float().sum() * scale, between, create_graph=True
+        )
+        norms = (grad.float() / scale).flatten(1).norm(dim=1)
+        penalty = (norms - 1.0).square().mean()
+        critic = fake_logits.mean() - real_logits.mean()
+        return PhaseLoss(
+            critic + self.gp_weight.float() * penalty,
+            {
+                "loss/D": critic.detach(),
+                "loss/gp": penalty.detach(),
+                "wgan/distance": -critic.detach(),
                 "logits/real": real_logits.detach().mean(),
                 "logits/fake": fake_logits.detach().mean(),
             },

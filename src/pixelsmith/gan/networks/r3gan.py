@@ -8,8 +8,11 @@ initialisation is Fix-up-like: every conv ~ N(0, gain^2 / fan_in) with gain = Le
 network's L blocks, and each block's last 1x1 starts at zero, so the network starts as its transitions alone.
 Resampling is the [1, 3, 3, 1] FIR (`fir.py`, dense double backward for R1/R2); width changes are 1x1 convs outside
 the residual branches (before G's upsample, after D's downsample). G maps z (64) through Linear to the 4x4 basis'
-per-channel scales; D ends in a depthwise 4x4 conv and a Linear. Class conditioning (the reference's
-embedding-concatenated-to-z in G and projection in D) is not built here: an unconditional GAN only.
+per-channel scales; D ends in a depthwise 4x4 conv and a Linear. Class conditioning (`c_dim` > 0, as the
+reference's `ConditionDimension`): G concatenates a bias-free Linear embedding of the one-hot label (z's size) to z;
+D's head then gives `c_embed_dim` features (the 4x4 stage's width) whose dot product with the label's embedding
+(gain 1 / sqrt(c_embed_dim)) is the logit: a projection discriminator. Labels are one-hot [N, c_dim] or class
+indices [N].
 """
 
 from __future__ import annotations
@@ -110,18 +113,24 @@ class GenerativeBasis(nn.Module):
 
 
 class DiscriminativeBasis(nn.Module):
-    """A depthwise 4x4 conv (4x4 -> 1x1 per channel), then Linear to one logit."""
+    """A depthwise 4x4 conv (4x4 -> 1x1 per channel), then Linear to one logit (or `outputs` features)."""
 
-    def __init__(self, channels: int):
+    def __init__(self, channels: int, outputs: int = 1):
         super().__init__()
         self.depthwise = nn.Parameter(torch.empty(channels, 1, 4, 4))
         _msr_init_(self.depthwise, 1.0)
-        self.linear = nn.Parameter(torch.empty(1, channels))
+        self.linear = nn.Parameter(torch.empty(outputs, channels))
         _msr_init_(self.linear, 1.0)
 
     def forward(self, x: Tensor) -> Tensor:
         x = F.conv2d(x, self.depthwise.to(x.dtype), groups=x.shape[1]).flatten(1)
         return F.linear(x, self.linear.to(x.dtype))
+
+
+def _one_hot(labels: Tensor, c_dim: int, dtype: torch.dtype) -> Tensor:
+    if labels.ndim == 1:  # class indices
+        return F.one_hot(labels.long(), c_dim).to(dtype)
+    return labels.to(dtype)
 
 
 def _stages(resolution: int, widths: Sequence[int], groups: Sequence[int], blocks: int | Sequence[int]):
@@ -153,23 +162,39 @@ class R3GANGenerator(nn.Module):
         blocks: int | Sequence[int] = 2,
         expansion: int = 2,
         kernel: int = 3,
+        c_dim: int = 0,
+        c_embed_dim: int | None = None,
     ):
         super().__init__()
         widths, groups, blocks = _stages(resolution, widths, groups, blocks)
         total = sum(blocks)
         self.z_dim = z_dim
+        self.c_dim = int(c_dim)
         self.resolution = resolution
+        embed = (z_dim if c_embed_dim is None else int(c_embed_dim)) if self.c_dim else 0
+        if self.c_dim:  # the reference's EmbeddingLayer: Linear(c_dim -> z's size), no bias, gain 1
+            self.embedding = nn.Parameter(torch.empty(embed, self.c_dim))
+            _msr_init_(self.embedding, 1.0)
         layers: list[nn.Module] = []
         for index, (width, group, count) in enumerate(zip(widths, groups, blocks, strict=True)):
             layers.append(
-                GenerativeBasis(z_dim, width) if index == 0 else Resample(widths[index - 1], width, up=True)
+                GenerativeBasis(z_dim + embed, width)
+                if index == 0
+                else Resample(widths[index - 1], width, up=True)
             )
             layers += [ResidualBlock(width, group, expansion, kernel, total) for _ in range(count)]
         self.main = nn.Sequential(*layers)
         self.to_image = Conv(widths[-1], channels, 1)
 
-    def forward(self, z: Tensor) -> Tensor:
-        return self.to_image(self.main(z.reshape(z.shape[0], self.z_dim)))
+    def forward(self, z: Tensor, c: Tensor | None = None) -> Tensor:
+        z = z.reshape(z.shape[0], self.z_dim)
+        if self.c_dim:
+            if c is None:
+                raise ValueError(
+                    f"This R3GAN generator is conditional (c_dim={self.c_dim}): pass the labels as c."
+                )
+            z = torch.cat([z, F.linear(_one_hot(c, self.c_dim, z.dtype), self.embedding.to(z.dtype))], dim=1)
+        return self.to_image(self.main(z))
 
 
 class R3GANDiscriminator(nn.Module):
@@ -185,19 +210,34 @@ class R3GANDiscriminator(nn.Module):
         blocks: int | Sequence[int] = 2,
         expansion: int = 2,
         kernel: int = 3,
+        c_dim: int = 0,
+        c_embed_dim: int | None = None,
     ):
         super().__init__()
         widths, groups, blocks = (list(reversed(v)) for v in _stages(resolution, widths, groups, blocks))
         total = sum(blocks)
+        self.c_dim = int(c_dim)
+        embed = (widths[-1] if c_embed_dim is None else int(c_embed_dim)) if self.c_dim else 1
+        if self.c_dim:  # the reference's projection: Linear(c_dim -> embed), gain 1 / sqrt(embed)
+            self.embedding = nn.Parameter(torch.empty(embed, self.c_dim))
+            _msr_init_(self.embedding, 1.0 / math.sqrt(embed))
         self.from_image = Conv(channels, widths[0], 1)
         layers: list[nn.Module] = []
         for index, (width, group, count) in enumerate(zip(widths, groups, blocks, strict=True)):
             layers += [ResidualBlock(width, group, expansion, kernel, total) for _ in range(count)]
             last = index == len(widths) - 1
             layers.append(
-                DiscriminativeBasis(width) if last else Resample(width, widths[index + 1], up=False)
+                DiscriminativeBasis(width, embed) if last else Resample(width, widths[index + 1], up=False)
             )
         self.main = nn.Sequential(*layers)
 
-    def forward(self, images: Tensor) -> Tensor:
-        return self.main(self.from_image(images)).reshape(-1)
+    def forward(self, images: Tensor, c: Tensor | None = None) -> Tensor:
+        features = self.main(self.from_image(images))
+        if not self.c_dim:
+            return features.reshape(-1)
+        if c is None:
+            raise ValueError(
+                f"This R3GAN discriminator is conditional (c_dim={self.c_dim}): pass the labels as c."
+            )
+        projection = F.linear(_one_hot(c, self.c_dim, features.dtype), self.embedding.to(features.dtype))
+        return (features * projection).sum(dim=1)
