@@ -31,7 +31,13 @@ from omegaconf import MISSING
 from pixelsmith.augment.config import AdaptiveAugmentConfig, DiffAugmentConfig
 from pixelsmith.choices import typed
 from pixelsmith.core.config import ScheduleConfig, TrainLoopConfig
-from pixelsmith.data.config import DataConfig, ImageFolderDataConfig, MNISTDataConfig
+from pixelsmith.data.config import (
+    DataConfig,
+    ImageFolderDataConfig,
+    MNISTDataConfig,
+    ShardsDataConfig,
+    ZipDataConfig,
+)
 from pixelsmith.hardware_config import HardwareConfig, PrecisionConfig, StrategyConfig
 from pixelsmith.metrics.config import EvalConfig
 from pixelsmith.parts import contributed
@@ -83,6 +89,8 @@ def register_configs() -> None:
     cs.store(group="data", name="_schema", node=typed(DataConfig))
     cs.store(group="data", name="_mnist_schema", node=typed(MNISTDataConfig))
     cs.store(group="data", name="_image_folder_schema", node=typed(ImageFolderDataConfig))
+    cs.store(group="data", name="_zip_schema", node=typed(ZipDataConfig))
+    cs.store(group="data", name="_shards_schema", node=typed(ShardsDataConfig))
     cs.store(group="schedule", name="_schema", node=typed(ScheduleConfig))
     cs.store(group="augment", name="_diffaugment_schema", node=typed(DiffAugmentConfig))
     cs.store(group="augment", name="_ada_schema", node=typed(AdaptiveAugmentConfig))

@@ -61,3 +61,34 @@ class ImageFolderDataConfig(DataConfig):
     extensions: list[str] = field(default_factory=lambda: ["jpg", "jpeg", "png", "webp"])
     on_corrupt: str = choice(OnCorrupt, "skip")  # skip (warn and count) | error
     mirror: bool = False  # x-flipped copies doubling the dataset (NVlabs' --mirror)
+
+
+@dataclass
+class ZipDataConfig(DataConfig):
+    """`data=zip` (pixelsmith.data.archive.ZipDataModule): a StyleGAN2-ADA dataset archive (dataset_tool.py's zip, or
+    `python prepare.py`'s), or a folder with its layout, read in place."""
+
+    _target_: str = "pixelsmith.data.archive.ZipDataModule"
+    name: str = "zip"
+    path: str | None = None
+    resolution: int = 64
+    channels: int = 3
+    labels: bool = False  # the archive's dataset.json labels as batch.labels (class-conditional training)
+    on_corrupt: str = choice(OnCorrupt, "skip")  # skip (warn and count) | error
+    mirror: bool = False  # x-flipped copies doubling the dataset (NVlabs' --mirror)
+
+
+@dataclass
+class ShardsDataConfig(DataConfig):
+    """`data=shards` (pixelsmith.data.shards.ShardsDataModule): litdata shards written by `python prepare.py ...
+    format=shards`, streamed from a local folder or an object store (s3://...). Needs the `stream` extra."""
+
+    _target_: str = "pixelsmith.data.shards.ShardsDataModule"
+    name: str = "shards"
+    path: str | None = None
+    resolution: int = 64
+    channels: int = 3
+    labels: bool = False  # the shards' labels as batch.labels (class-conditional training)
+    on_corrupt: str = choice(OnCorrupt, "skip")  # skip (repeat the worker's last image, count) | error
+    shuffle: bool = True  # chunks and samples shuffled per epoch from the run's seed
+    cache_dir: str | None = None  # where chunks of a remote path are cached (null: litdata's default)

@@ -22,7 +22,6 @@ original alpha re-attached, unless the output format cannot store it (JPEG, BMP:
 from __future__ import annotations
 
 import dataclasses
-import difflib
 import os
 import sys
 import time
@@ -34,6 +33,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from pixelsmith.cli.options import parse_key_values
 from pixelsmith.core.precision import AUTOCAST_DTYPES
 from pixelsmith.style.data import (
     IMAGE_EXTENSIONS,
@@ -518,42 +518,9 @@ the end, the others are written, and the exit status is 1.
 """
 
 
-def _convert(value: str, field: dataclasses.Field) -> Any:
-    kind = str(field.type)
-    if value.lower() in ("null", "none", "~") and "None" in kind:
-        return None
-    if kind == "int | str":  # a number or a word (tile=512 or tile=auto)
-        return int(value) if value.lstrip("-").isdigit() else value
-    if kind.startswith("bool"):
-        if value.lower() in ("true", "1", "yes"):
-            return True
-        if value.lower() in ("false", "0", "no"):
-            return False
-        raise StylizeInputError(f"{field.name}={value}: expected true or false.")
-    if kind.startswith(("int", "float")):
-        try:
-            return int(value) if kind.startswith("int") else float(value)
-        except ValueError:
-            raise StylizeInputError(f"{field.name}={value}: expected a {kind.split()[0]} number.") from None
-    return value
-
-
 def parse_args(argv: Sequence[str]) -> StylizeOptions:
     """Hydra-style `key=value` arguments (a leading `--` or `+` is tolerated) into StylizeOptions."""
-    fields = {f.name: f for f in dataclasses.fields(StylizeOptions)}
-    values: dict[str, Any] = {}
-    for argument in argv:
-        key, separator, value = argument.lstrip("-+").partition("=")
-        if not separator:
-            raise StylizeInputError(
-                f"Arguments are key=value pairs; got '{argument}'. See python stylize.py --help."
-            )
-        if key not in fields:
-            close = difflib.get_close_matches(key, fields, n=1)
-            hint = f" Did you mean {close[0]}?" if close else ""
-            raise StylizeInputError(f"Unknown option '{key}'.{hint} Options: {', '.join(fields)}.")
-        values[key] = _convert(value, fields[key])
-    return StylizeOptions(**values)
+    return parse_key_values(argv, StylizeOptions, StylizeInputError, "stylize.py")
 
 
 def run_job(options: StylizeOptions, device: str, rank: int = 0, world_size: int = 1) -> FolderSummary:

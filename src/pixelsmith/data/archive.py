@@ -1,0 +1,301 @@
+"""StyleGAN2-ADA dataset archives: `data=zip data.path=dataset.zip` (a zip made by NVlabs' `dataset_tool.py` or by
+`python prepare.py`), or a folder holding the same layout (images and a `dataset.json`).
+
+The layout, as NVlabs' `training/dataset.py` `ImageFolderDataset` reads it: image members anywhere in the archive
+(png, jpg, jpeg, webp), taken in sorted name order, and an optional `dataset.json` at the root,
+`{"labels": [["00000/img00000000.png", 6], ...]}` (null for unlabelled data), keyed by the member's name with `/`
+separators. Integer labels are class indices (`batch.labels`, int64); list labels are vectors (float32). The zip is
+read in place, never unpacked: each loader worker opens its own handle on first use (a zipfile handle shared across
+fork() would interleave reads), and a dataset pickled to a worker carries no handle.
+
+Bad data keeps the image folder's guarantees (`data/image_folder.py`): every member is decoded once at set-up, in
+threads, and the verdicts are cached by (archive path, size, modification time); `data.on_corrupt=error` stops there
+naming the members, `skip` warns once per member and leaves it out (counted in `data/skipped_files`). An archive
+that is not a zip, a `dataset.json` that does not parse or names members the archive lacks, and an archive without
+images each stop the run at set-up with one paragraph naming the file and the fix.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import logging
+import os
+import zipfile
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch.utils.data import Dataset
+
+from pixelsmith.data.base import ImageDataModule, MirroredDataset
+from pixelsmith.data.image_check import default_cache_dir
+from pixelsmith.data.image_folder import DataFolderError, decode_square
+from pixelsmith.errors import PixelsmithError
+
+log = logging.getLogger(__name__)
+
+IMAGE_EXTENSIONS = (".png", ".jpg", ".jpeg", ".webp")
+LABELS_FILE = "dataset.json"
+
+
+class ArchiveError(PixelsmithError, ValueError):
+    pass
+
+
+class ArchiveSource:
+    """The members of a zip archive or of a folder with NVlabs' layout: `names` (sorted image members), `read(name)`
+    (their bytes) and `labels` (name -> label, or None). Picklable; a zip handle is opened per process."""
+
+    def __init__(self, path: str | os.PathLike):
+        self.path = Path(path).expanduser()
+        if not self.path.exists():
+            raise ArchiveError(
+                f"data.path={str(self.path)!r} does not exist. Point it at a dataset zip (NVlabs' dataset_tool.py or "
+                "`python prepare.py source=... dest=out.zip`) or a folder with a dataset.json."
+            )
+        self.is_zip = self.path.is_file()
+        if self.is_zip and not zipfile.is_zipfile(self.path):
+            raise ArchiveError(
+                f"data.path={str(self.path)!r} is not a zip archive (it may be truncated or another format). Rebuild "
+                "it with `python prepare.py source=<your images> dest=<it>.zip`, or point data.path at the folder."
+            )
+        self._zip: zipfile.ZipFile | None = None
+        self._zip_pid: int | None = None
+        every = self._all_names()
+        self.names = sorted(n for n in every if n.lower().endswith(IMAGE_EXTENSIONS))
+        if not self.names:
+            raise ArchiveError(
+                f"data.path={str(self.path)!r} holds no images ({', '.join(IMAGE_EXTENSIONS)}). Check the path; "
+                "`python prepare.py` turns a folder of images into such an archive."
+            )
+        self.labels = self._read_labels(LABELS_FILE in every)
+
+    # ---- members -----------------------------------------------------------------------------------------------
+    def _all_names(self) -> list[str]:
+        if self.is_zip:
+            return [n for n in self._archive().namelist() if not n.endswith("/")]
+        return [p.relative_to(self.path).as_posix() for p in self.path.rglob("*") if p.is_file()]
+
+    def _archive(self) -> zipfile.ZipFile:
+        # One handle per process: a handle inherited through fork() shares its file offset with the parent's.
+        if self._zip is None or self._zip_pid != os.getpid():
+            self._zip = zipfile.ZipFile(self.path)
+            self._zip_pid = os.getpid()
+        return self._zip
+
+    def read(self, name: str) -> bytes:
+        if self.is_zip:
+            return self._archive().read(name)
+        return (self.path / name).read_bytes()
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = dict(self.__dict__)
+        state["_zip"] = state["_zip_pid"] = None  # a worker opens its own
+        return state
+
+    def stamp(self) -> str:
+        """What identifies this archive's contents for the check cache: path, size and mtime (of dataset.json's
+        folder for a folder source: its files are stamped one by one in the verdicts)."""
+        stat = self.path.stat()
+        return f"{self.path.resolve()}|{stat.st_size}|{stat.st_mtime_ns}"
+
+    # ---- labels ------------------------------------------------------------------------------------------------
+    def _read_labels(self, present: bool) -> dict[str, Any] | None:
+        if not present:
+            return None
+        where = f"{self.path}{'!' if self.is_zip else '/'}{LABELS_FILE}"
+        try:
+            table = json.loads(self.read(LABELS_FILE)).get("labels")
+        except (ValueError, AttributeError, UnicodeDecodeError) as err:
+            raise ArchiveError(
+                f"{where} does not parse as NVlabs' dataset.json ({err}): it should read "
+                '{"labels": [["00000/img00000000.png", 6], ...]} or {"labels": null}. Fix or remove it.'
+            ) from None
+        if table is None:
+            return None
+        labels = {str(name).replace("\\", "/"): value for name, value in table}
+        missing = [n for n in self.names if n not in labels]
+        if missing:
+            raise ArchiveError(
+                f"{where} gives no label for {len(missing)} of the {len(self.names)} images (e.g. {missing[0]!r}). "
+                "Label every image, or set its labels to null (unconditional data)."
+            )
+        return labels
+
+    def label_tensor(self, names: list[str]) -> torch.Tensor | None:
+        """The labels of `names` in order: int64 class indices, or float32 vectors."""
+        if self.labels is None:
+            return None
+        values = [self.labels[n] for n in names]
+        if all(isinstance(v, int) for v in values):
+            return torch.tensor(values, dtype=torch.int64)
+        return torch.tensor(values, dtype=torch.float32)
+
+
+def check_members(
+    source: ArchiveSource, decode: Callable[[str], object], cache_dir: Path | None = None
+) -> dict[str, str]:
+    """The members of `source` that do not decode, each with its reason: decoded once, in threads, and cached by the
+    archive's stamp (a rebuilt or edited archive is checked again)."""
+    key = hashlib.sha256(f"{source.stamp()}|{len(source.names)}".encode()).hexdigest()[:24]
+    cache_file = (cache_dir or default_cache_dir()) / f"archive-{key}.json"
+    try:
+        return dict(json.loads(cache_file.read_text())["broken"])
+    except (OSError, ValueError, KeyError):
+        pass
+
+    def verdict(name: str) -> tuple[str, str]:
+        try:
+            decode(name)
+            return name, ""
+        except MemoryError:
+            raise
+        except Exception as err:  # Pillow raises many types for bad data; all mean "unreadable"
+            return name, f"{type(err).__name__}: {err}"[:300]
+
+    with ThreadPoolExecutor(max_workers=min(16, (os.cpu_count() or 1) + 4)) as pool:
+        broken = {name: why for name, why in pool.map(verdict, source.names) if why}
+    try:
+        cache_file.parent.mkdir(parents=True, exist_ok=True)
+        partial = cache_file.with_suffix(f".{os.getpid()}.partial")
+        partial.write_text(json.dumps({"broken": broken}))
+        partial.replace(cache_file)
+    except OSError as err:
+        log.debug("Archive check cache %s not written (%s); the next run checks again.", cache_file, err)
+    return broken
+
+
+class ArchiveDataset(Dataset):
+    """Members of an archive decoded to uint8 CHW squares; items `(image, skipped_flag)`, or `(image, skipped_flag,
+    label)` with labels. A member that breaks after the set-up check is replaced by the next readable one (flag 1),
+    or stops the run with `on_corrupt=error`."""
+
+    def __init__(
+        self,
+        source: ArchiveSource,
+        names: list[str],
+        resolution: int,
+        channels: int,
+        on_corrupt: str = "skip",
+        labels: torch.Tensor | None = None,
+    ):
+        self.source, self.names, self.labels = source, names, labels
+        self.resolution, self.channels, self.on_corrupt = resolution, channels, on_corrupt
+
+    def __len__(self) -> int:
+        return len(self.names)
+
+    def decode(self, name: str) -> torch.Tensor:
+        return decode_square(io.BytesIO(self.source.read(name)), self.resolution, self.channels)
+
+    def __getitem__(self, index: int):
+        for attempt in range(len(self.names)):
+            position = (index + attempt) % len(self.names)
+            name = self.names[position]
+            try:
+                image = self.decode(name)
+            except Exception as err:
+                if self.on_corrupt == "error":
+                    raise ArchiveError(
+                        f"Cannot read {name} in {self.source.path}: {err}. Rebuild the archive (python prepare.py "
+                        "skips and names unreadable files), or set data.on_corrupt=skip."
+                    ) from err
+                log.warning(
+                    "Skipping unreadable %s in %s (%s); using the next image.", name, self.source.path, err
+                )
+                continue
+            flag = int(attempt > 0)
+            if self.labels is None:
+                return image, flag
+            return image, flag, self.labels[position]
+        raise ArchiveError(f"No image in {self.source.path} could be read; see the warnings above.")
+
+
+class ZipDataModule(ImageDataModule):
+    """`data=zip`: a StyleGAN2-ADA dataset archive (or a folder with its layout); see the module docstring."""
+
+    default_extractor = "inception"
+
+    def __init__(
+        self,
+        path: str | None,
+        resolution: int = 64,
+        channels: int = 3,
+        labels: bool = False,
+        on_corrupt: str = "skip",
+        limit: int | None = None,
+        mirror: bool = False,
+        **loader_kwargs,
+    ):
+        super().__init__(**loader_kwargs)
+        if path is None:
+            raise ArchiveError(
+                "data=zip needs data.path=/path/to/dataset.zip (or a folder with a dataset.json)."
+            )
+        if on_corrupt not in ("skip", "error"):
+            raise ValueError(f"data.on_corrupt={on_corrupt!r}: choose skip or error.")
+        self.path, self.resolution, self.channels = path, resolution, channels
+        self.use_labels, self.on_corrupt, self.limit, self.mirror = labels, on_corrupt, limit, mirror
+        self.broken: dict[str, str] = {}
+
+    def _source(self) -> ArchiveSource:
+        source = ArchiveSource(self.path)
+        if self.use_labels and source.labels is None:
+            raise ArchiveError(
+                f"data.labels=true, but {self.path} has no labels (no dataset.json, or its labels are null). Build "
+                "it with `python prepare.py source=<folder of class subfolders> dest=...`, or set data.labels=false."
+            )
+        return source
+
+    def prepare_data(self) -> None:
+        source = self._source()
+        check_members(source, ArchiveDataset(source, source.names, self.resolution, self.channels).decode)
+
+    def setup(self, stage: str | None = None) -> None:
+        if self.train_set is not None:
+            return
+        source = self._source()
+        names = source.names[: self.limit] if self.limit else source.names
+        probe = ArchiveDataset(source, names, self.resolution, self.channels)
+        self.broken = {n: why for n, why in check_members(source, probe.decode).items() if n in set(names)}
+        if self.broken and self.on_corrupt == "error":
+            shown = "; ".join(f"{n} ({why})" for n, why in list(self.broken.items())[:5])
+            more = f" and {len(self.broken) - 5} more" if len(self.broken) > 5 else ""
+            raise ArchiveError(
+                f"{len(self.broken)} of {len(names)} images in {self.path} cannot be read: {shown}{more}. Rebuild "
+                "the archive with `python prepare.py` (it skips and names them), or set data.on_corrupt=skip to "
+                "train on the readable ones (each counted in data/skipped_files)."
+            )
+        for name, why in self.broken.items():
+            log.warning(
+                "Skipping unreadable %s in %s (%s); it is left out of training.", name, self.path, why
+            )
+        readable = [n for n in names if n not in self.broken]
+        if not readable:
+            raise DataFolderError(f"None of the {len(names)} images in {self.path} can be read (see above).")
+        labels = source.label_tensor(readable) if self.use_labels else None
+        dataset = ArchiveDataset(source, readable, self.resolution, self.channels, self.on_corrupt, labels)
+        self.train_set = MirroredDataset(dataset) if self.mirror else dataset
+
+    @property
+    def skipped_file_count(self) -> int:
+        return len(self.broken)
+
+    def reference_source(self, seed: int = 0, batch_size: int = 64):
+        """(fingerprint, protocol, batch factory, image count) for FID reference statistics: the archive's readable
+        images decoded as for training, in a seeded order."""
+        dataset = getattr(self.train_set, "source", self.train_set)
+        source = dataset.source
+        fingerprint = f"zip:{hashlib.sha256(source.stamp().encode()).hexdigest()[:16]}:seed={seed}"
+        protocol = f"zip: ImageOps.fit LANCZOS to {self.resolution}px, {self.channels} ch"
+
+        def make_batches():
+            order = torch.randperm(len(dataset), generator=torch.Generator().manual_seed(seed)).tolist()
+            for start in range(0, len(order), batch_size):
+                yield torch.stack([dataset[i][0] for i in order[start : start + batch_size]])
+
+        return fingerprint, protocol, make_batches, len(dataset)

@@ -1,0 +1,494 @@
+"""`python prepare.py`: images -> a training dataset (a StyleGAN2-ADA zip, or streaming shards), as NVlabs'
+`dataset_tool.py` does, in this template's `key=value` style. `python prepare.py --help` lists the options.
+
+Sources: a folder (searched recursively; with `labels=auto`, images that all sit in first-level subfolders are
+labelled by subfolder, the sorted folder names giving the class indices), a zip (its `dataset.json` labels kept),
+or a text file listing image paths, one per line, optionally followed by a tab and an integer label.
+
+Each image is decoded (EXIF-oriented), reduced to 8 bits (16-bit: scaled by 257, or stretched from its own min/max),
+its transparency composited onto `background`, converted to `channels`, and fitted to a `resolution` square by
+`transform`: center-crop (the shorter side to the resolution, the centre cut), center-crop-wide (NVlabs' 2:1 band in
+a black square), pad (the whole image, the rest `background`) or none (every image must already be that square).
+Unreadable images are skipped and named in the summary.
+
+The output is deterministic (sorted inputs, fixed zip timestamps, the same encoder settings), so running twice gives
+the same bytes; it is written beside the destination under a temporary name and renamed into place at the end, so a
+crash or Ctrl-C leaves no half-written archive (and an existing destination is replaced only with `overwrite=true`).
+Zip: NVlabs' member names (`00000/img00000000.png`) and `dataset.json`; `data=zip data.path=...` reads it.
+Shards: `litdata.optimize` chunks (`pip install -e ".[stream]"`); `data=shards data.path=...` streams them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import io
+import json
+import os
+import shutil
+import sys
+import zipfile
+from collections import Counter
+from collections.abc import Sequence
+from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from PIL import Image, ImageColor, ImageOps, UnidentifiedImageError
+
+from pixelsmith.cli.options import parse_key_values
+from pixelsmith.data.archive import IMAGE_EXTENSIONS, LABELS_FILE, ArchiveError, ArchiveSource
+from pixelsmith.errors import PixelsmithError
+
+TRANSFORMS = ("center-crop", "center-crop-wide", "pad", "none")
+FILTERS = {
+    "lanczos": Image.Resampling.LANCZOS,
+    "bicubic": Image.Resampling.BICUBIC,
+    "bilinear": Image.Resampling.BILINEAR,
+    "box": Image.Resampling.BOX,
+    "nearest": Image.Resampling.NEAREST,
+}
+HIGH_BIT_DEPTH = ("scale", "stretch")
+FORMATS = ("auto", "zip", "shards")
+ENCODINGS = ("png", "jpeg")
+_ZIP_TIME = (1980, 1, 1, 0, 0, 0)  # the earliest a zip can store: no build time leaks into the bytes
+
+
+class PrepareError(PixelsmithError, ValueError):
+    pass
+
+
+@dataclasses.dataclass
+class PrepareOptions:
+    source: str | None = None
+    dest: str | None = None
+    resolution: int | None = None
+    transform: str = "center-crop"
+    filter: str = "lanczos"
+    channels: int = 3
+    background: str = "black"
+    high_bit_depth: str = "scale"
+    labels: str = "auto"
+    format: str = "auto"
+    encoding: str = "png"
+    jpeg_quality: int = 95
+    max_images: int | None = None
+    chunk_mb: int = 64
+    workers: int | str = "auto"
+    overwrite: bool = False
+    progress: bool = True
+
+
+HELP = """\
+Turn images into a training dataset: a StyleGAN2-ADA zip (data=zip) or streaming shards (data=shards).
+
+Usage:
+  python prepare.py source=IN dest=OUT.zip resolution=N [key=value ...]
+  python prepare.py source=IN dest=OUT_DIR format=shards resolution=N [key=value ...]
+
+Examples:
+  python prepare.py source=~/photos dest=datasets/photos64.zip resolution=64
+  python prepare.py source=~/animals dest=datasets/animals.zip resolution=128 labels=subfolders
+  python prepare.py source=ffhq.zip dest=/data/ffhq64 format=shards resolution=64 encoding=jpeg
+
+Options (key=value, defaults in brackets):
+  source          a folder (recursive), a zip, or a .txt list of image paths (a tab and a label may follow)
+  dest            the output: a .zip, or a folder for format=shards
+  resolution      the output square's side in pixels (required)
+  transform       center-crop | center-crop-wide | pad | none [center-crop]
+  filter          lanczos | bicubic | bilinear | box | nearest: the resize filter [lanczos]
+  channels        1 (grayscale) | 3 (RGB) [3]
+  background      what transparent pixels (RGBA, LA, P with transparency) are composited onto, and pad's
+                  border: a colour name or #rrggbb [black]
+  high_bit_depth  scale | stretch: 16-bit images divided by 257, or stretched from their own min..max [scale]
+  labels          auto | subfolders | none: auto labels a folder by its first-level subfolders when every
+                  image sits in one, keeps a zip's dataset.json labels and a list's labels [auto]
+  format          auto | zip | shards: auto picks zip for a dest ending in .zip, shards otherwise [auto]
+  encoding        png | jpeg: how each image is stored (jpeg: smaller, lossy, decodable on the GPU) [png]
+  jpeg_quality    1-100 with encoding=jpeg [95]
+  max_images      stop after this many inputs (sorted order) [all]
+  chunk_mb        shard chunk size with format=shards [64]
+  workers         decode processes, or auto (the cores) [auto]
+  overwrite       true: replace an existing dest [false]
+  progress        true | false: a progress bar [true]
+"""
+
+
+@dataclasses.dataclass(frozen=True)
+class Item:
+    """One input: where its bytes come from (a path, or a member of `archive`) and its label (None: unlabelled)."""
+
+    name: str
+    path: str | None = None
+    archive: ArchiveSource | None = None
+    label: Any = None
+
+    def read(self) -> bytes:
+        if self.archive is not None:
+            return self.archive.read(self.name)
+        return Path(self.path).read_bytes()
+
+
+# ---- inputs -------------------------------------------------------------------------------------------------------
+def list_inputs(source: str, labels: str) -> tuple[list[Item], list[str] | None]:
+    """The inputs in sorted order and, for subfolder labels, the class names (index = label)."""
+    path = Path(source).expanduser()
+    if not path.exists():
+        raise PrepareError(
+            f"source={source!r} does not exist: give a folder of images, a zip, or a .txt list."
+        )
+    if path.is_file() and path.suffix.lower() == ".txt":
+        return _list_file(path, labels), None
+    if path.is_file() or (path / LABELS_FILE).is_file():
+        archive = ArchiveSource(path)
+        keep = labels != "none" and archive.labels is not None
+        if labels == "subfolders":
+            raise PrepareError(
+                "labels=subfolders needs a folder source; a zip brings its own dataset.json labels."
+            )
+        return [
+            Item(n, archive=archive, label=archive.labels[n] if keep else None) for n in archive.names
+        ], None
+    files = sorted(p for p in path.rglob("*") if p.is_file() and p.suffix.lower() in IMAGE_EXTENSIONS)
+    if not files:
+        raise PrepareError(
+            f"source={source!r} holds no images ({', '.join(IMAGE_EXTENSIONS)}), searched recursively."
+        )
+    parts = [f.relative_to(path).parts for f in files]
+    in_subfolders = all(len(p) >= 2 for p in parts)
+    if labels == "subfolders" and not in_subfolders:
+        loose = next(f for f, p in zip(files, parts, strict=True) if len(p) < 2)
+        raise PrepareError(
+            f"labels=subfolders: {loose} is not inside a class subfolder of {path}. Move it into one, or use "
+            "labels=none."
+        )
+    if labels in ("auto", "subfolders") and in_subfolders and len({p[0] for p in parts}) > 0:
+        classes = sorted({p[0] for p in parts})
+        index = {name: i for i, name in enumerate(classes)}
+        return [
+            Item(f.relative_to(path).as_posix(), str(f), label=index[p[0]])
+            for f, p in zip(files, parts, strict=True)
+        ], classes
+    return [Item(f.relative_to(path).as_posix(), str(f)) for f in files], None
+
+
+def _list_file(path: Path, labels: str) -> list[Item]:
+    items = []
+    for number, line in enumerate(path.read_text().splitlines(), 1):
+        if not line.strip() or line.lstrip().startswith("#"):
+            continue
+        file, _, label = line.partition("\t")
+        value = None
+        if label.strip() and labels != "none":
+            try:
+                value = int(label)
+            except ValueError:
+                raise PrepareError(f"{path}:{number}: the label {label!r} is not an integer.") from None
+        items.append(Item(file.strip(), file.strip(), label=value))
+    if not items:
+        raise PrepareError(
+            f"{path} lists no image paths (one per line, optionally a tab and an integer label)."
+        )
+    return sorted(items, key=lambda item: item.name)
+
+
+# ---- one image ----------------------------------------------------------------------------------------------------
+def convert_image(data: bytes, options: PrepareOptions) -> Image.Image:
+    """Decode and fit one image as the module docstring says; raises for an unreadable or unfit one."""
+    background = ImageColor.getrgb(options.background)
+    with Image.open(io.BytesIO(data)) as opened:
+        opened.load()
+        image = ImageOps.exif_transpose(opened)
+    image = _to_8bit(image, options.high_bit_depth)
+    if image.mode in ("RGBA", "LA", "PA") or (image.mode == "P" and "transparency" in image.info):
+        rgba = image.convert("RGBA")
+        canvas = Image.new("RGBA", rgba.size, (*background, 255))
+        image = Image.alpha_composite(canvas, rgba)
+    image = image.convert("L" if options.channels == 1 else "RGB")
+    fill = background if options.channels == 3 else ImageColor.getcolor(options.background, "L")
+    size, resample = options.resolution, FILTERS[options.filter]
+    if options.transform == "none":
+        if image.size != (size, size):
+            raise ValueError(f"is {image.size[0]}x{image.size[1]}, not {size}x{size} (transform=none)")
+        return image
+    if options.transform == "center-crop":
+        return ImageOps.fit(image, (size, size), method=resample)
+    if options.transform == "pad":
+        return ImageOps.pad(image, (size, size), method=resample, color=fill)
+    # center-crop-wide (NVlabs): a 2:1 band, size x size/2, centred in a square of black (not `background`: NVlabs')
+    band = ImageOps.fit(image, (size, size // 2), method=resample)
+    square = Image.new(image.mode, (size, size), 0)
+    square.paste(band, (0, (size - size // 2) // 2))
+    return square
+
+
+def _to_8bit(image: Image.Image, policy: str) -> Image.Image:
+    if image.mode not in ("I;16", "I;16B", "I;16L", "I;16N", "I", "F"):
+        return image
+    values = np.asarray(image, dtype=np.float64)
+    if policy == "stretch":
+        low, high = float(values.min()), float(values.max())
+        values = (values - low) * (255.0 / max(high - low, 1e-12))
+    else:
+        values = values / 257.0
+    return Image.fromarray(np.clip(np.rint(values), 0, 255).astype(np.uint8), mode="L")
+
+
+def encode_image(image: Image.Image, options: PrepareOptions) -> bytes:
+    buffer = io.BytesIO()
+    if options.encoding == "jpeg":
+        image.save(
+            buffer,
+            format="JPEG",
+            quality=options.jpeg_quality,
+            subsampling=0 if options.jpeg_quality >= 90 else 2,
+        )
+    else:
+        image.save(buffer, format="PNG", compress_level=6)  # no timestamps in a PIL PNG: deterministic
+    return buffer.getvalue()
+
+
+def process(item: Item, options: PrepareOptions) -> tuple[bytes | None, str]:
+    """(encoded image, "") or (None, why it was skipped)."""
+    try:
+        return encode_image(convert_image(item.read(), options), options), ""
+    except MemoryError:
+        raise
+    except UnidentifiedImageError:
+        return None, "UnidentifiedImageError: not an image format Pillow reads (or a truncated header)"
+    except Exception as err:  # Pillow raises many types for bad files; each means this image is skipped
+        return None, f"{type(err).__name__}: {err}"[:200]
+
+
+def _process_job(job: tuple[Item, PrepareOptions]) -> tuple[bytes | None, str]:
+    return process(*job)
+
+
+# ---- outputs ------------------------------------------------------------------------------------------------------
+def member_name(index: int, encoding: str) -> str:
+    return f"{index // 1000:05d}/img{index:08d}.{'jpg' if encoding == 'jpeg' else 'png'}"
+
+
+class Summary:
+    def __init__(self):
+        self.written = 0
+        self.skipped: list[tuple[str, str]] = []
+        self.labels: list[Any] = []
+
+    def lines(self, options: PrepareOptions, dest: Path, classes: list[str] | None) -> list[str]:
+        labelled = [label for label in self.labels if label is not None]
+        label_text = (
+            f", {len(set(map(str, labelled)))} classes"
+            + (f" ({', '.join(classes[:8])}{'...' if len(classes) > 8 else ''})" if classes else "")
+            if labelled
+            else ", unlabelled"
+        )
+        out = [
+            f"wrote {self.written} images to {dest} ({options.resolution}x{options.resolution}, "
+            f"{options.channels} channel{'s' if options.channels > 1 else ''}, {options.encoding}{label_text})"
+        ]
+        if self.skipped:
+            reasons = Counter(why.split(":")[0] for _, why in self.skipped)
+            out.append(
+                f"skipped {len(self.skipped)}: "
+                + ", ".join(f"{count} {reason}" for reason, count in reasons.most_common())
+            )
+            out += [f"  {name}: {why}" for name, why in self.skipped[:20]]
+            if len(self.skipped) > 20:
+                out.append(f"  ... and {len(self.skipped) - 20} more")
+        return out
+
+
+def _results(items: list[Item], options: PrepareOptions):
+    """(item, encoded or None, why) in input order, decoded in worker processes."""
+    workers = (os.cpu_count() or 1) if str(options.workers) == "auto" else int(options.workers)
+    jobs = [(item, options) for item in items]
+    if workers <= 1:
+        for job in jobs:
+            yield job[0], *_process_job(job)
+        return
+    with ProcessPoolExecutor(max_workers=workers) as pool:
+        for job, result in zip(jobs, pool.map(_process_job, jobs, chunksize=16), strict=True):
+            yield job[0], *result
+
+
+def _progress(total: int, enabled: bool):
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
+    return Progress(
+        TextColumn("prepare"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeRemainingColumn(),
+        disable=not enabled,
+        transient=True,
+    )
+
+
+def write_zip(items: list[Item], options: PrepareOptions, partial: Path) -> Summary:
+    summary = Summary()
+    labels: list[list[Any]] = []
+    with (
+        zipfile.ZipFile(partial, "w", compression=zipfile.ZIP_STORED) as archive,
+        _progress(len(items), options.progress) as bar,
+    ):
+        task = bar.add_task("images", total=len(items))
+        for item, data, why in _results(items, options):
+            bar.advance(task)
+            if data is None:
+                summary.skipped.append((item.name, why))
+                continue
+            name = member_name(summary.written, options.encoding)
+            archive.writestr(zipfile.ZipInfo(name, date_time=_ZIP_TIME), data)
+            labels.append([name, item.label])
+            summary.labels.append(item.label)
+            summary.written += 1
+        has_labels = summary.written and all(label is not None for _, label in labels)
+        table = {"labels": labels if has_labels else None}
+        archive.writestr(zipfile.ZipInfo(LABELS_FILE, date_time=_ZIP_TIME), json.dumps(table))
+    return summary
+
+
+def _shard_item(index_and_data: tuple[int, bytes, int]) -> dict[str, Any]:
+    index, data, label = index_and_data
+    return {"index": index, "image": data, "label": label}
+
+
+def write_shards(items: list[Item], options: PrepareOptions, partial: Path) -> Summary:
+    try:
+        from litdata import optimize
+    except ImportError:
+        raise PrepareError(
+            'format=shards writes litdata shards: pip install -e ".[stream]" (litdata), or use format=zip.'
+        ) from None
+    summary = Summary()
+    encoded: list[tuple[int, bytes, int]] = []
+    with _progress(len(items), options.progress) as bar:
+        task = bar.add_task("images", total=len(items))
+        for item, data, why in _results(items, options):
+            bar.advance(task)
+            if data is None:
+                summary.skipped.append((item.name, why))
+                continue
+            label = -1 if item.label is None else int(item.label)
+            encoded.append((summary.written, data, label))
+            summary.labels.append(item.label)
+            summary.written += 1
+    if not encoded:
+        return summary
+    # One writer process: the chunk files and index.json then come out the same on every run.
+    optimize(
+        fn=_shard_item,
+        inputs=encoded,
+        output_dir=str(partial),
+        chunk_bytes=f"{options.chunk_mb}MB",
+        num_workers=1,
+        mode="overwrite",
+    )
+    _stamp_index_by_content(partial)
+    (partial / "pixelsmith.json").write_text(
+        json.dumps(
+            {
+                "resolution": options.resolution,
+                "channels": options.channels,
+                "encoding": options.encoding,
+                "images": summary.written,
+                "labelled": all(lb is not None for lb in summary.labels),
+            }
+        )
+    )
+    return summary
+
+
+def _stamp_index_by_content(folder: Path) -> None:
+    """litdata stamps index.json with the build time (`updated_at`, which keys its cache of remote chunks); a stamp
+    from the chunks' contents keeps two builds of the same images byte-identical, and still changes with them."""
+    index_file = folder / "index.json"
+    index = json.loads(index_file.read_text())
+    digest = hashlib.sha256()
+    for chunk in index["chunks"]:
+        digest.update((folder / chunk["filename"]).read_bytes())
+    index["updated_at"] = str(int(digest.hexdigest()[:12], 16))
+    index_file.write_text(json.dumps(index, sort_keys=True))
+
+
+def check_options(options: PrepareOptions) -> str:
+    if options.source is None or options.dest is None:
+        raise PrepareError("source=... and dest=... are required (see python prepare.py --help).")
+    if options.resolution is None or options.resolution < 4:
+        raise PrepareError(
+            f"resolution={options.resolution}: give the output square's side, at least 4 (e.g. 64)."
+        )
+    for name, value, allowed in (
+        ("transform", options.transform, TRANSFORMS),
+        ("filter", options.filter, tuple(FILTERS)),
+        ("high_bit_depth", options.high_bit_depth, HIGH_BIT_DEPTH),
+        ("labels", options.labels, ("auto", "subfolders", "none")),
+        ("format", options.format, FORMATS),
+        ("encoding", options.encoding, ENCODINGS),
+    ):
+        if value not in allowed:
+            raise PrepareError(f"{name}={value!r}; choose one of {', '.join(allowed)}.")
+    if options.channels not in (1, 3):
+        raise PrepareError(f"channels={options.channels}: 1 (grayscale) or 3 (RGB).")
+    try:
+        ImageColor.getrgb(options.background)
+    except ValueError:
+        raise PrepareError(
+            f"background={options.background!r} is not a colour: a name (black, white) or #rrggbb."
+        ) from None
+    if not 1 <= options.jpeg_quality <= 100:
+        raise PrepareError(f"jpeg_quality={options.jpeg_quality} must be in 1..100.")
+    fmt = options.format
+    if fmt == "auto":
+        fmt = "zip" if options.dest.lower().endswith(".zip") else "shards"
+    return fmt
+
+
+def prepare(options: PrepareOptions) -> tuple[Summary, Path, list[str] | None]:
+    """Build the dataset; returns the summary, the destination and the class names (subfolder labels)."""
+    fmt = check_options(options)
+    dest = Path(options.dest).expanduser()
+    if dest.exists() and not options.overwrite:
+        raise PrepareError(f"dest={str(dest)!r} exists; remove it or set overwrite=true to replace it.")
+    try:
+        items, classes = list_inputs(options.source, options.labels)
+    except ArchiveError as err:
+        raise PrepareError(str(err)) from None
+    if options.max_images:
+        items = items[: options.max_images]
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    partial = dest.with_name(f".{dest.name}.{os.getpid()}.partial")
+    try:
+        summary = (write_zip if fmt == "zip" else write_shards)(items, options, partial)
+        if summary.written == 0:
+            raise PrepareError(
+                f"None of the {len(items)} images could be prepared; nothing was written. The first: "
+                f"{summary.skipped[0][0]}: {summary.skipped[0][1]}"
+                if summary.skipped
+                else "No inputs."
+            )
+        if dest.exists():  # overwrite=true: the old one goes only once the new one is whole
+            shutil.rmtree(dest) if dest.is_dir() else dest.unlink()
+        os.replace(partial, dest)
+    finally:
+        if partial.exists():
+            shutil.rmtree(partial, ignore_errors=True) if partial.is_dir() else partial.unlink()
+    return summary, dest, classes
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or any(a in ("-h", "--help", "help") for a in argv):
+        print(HELP)
+        return 0
+    try:
+        options = parse_key_values(argv, PrepareOptions, PrepareError, "prepare.py")
+        summary, dest, classes = prepare(options)
+    except PrepareError as err:
+        print(f"prepare.py: {err}", file=sys.stderr)
+        return 2
+    for line in summary.lines(options, dest, classes):
+        print(line)
+    return 0

@@ -1,0 +1,214 @@
+"""Streaming shards for data beyond one disk: `data=shards data.path=DIR|s3://bucket/prefix`, written by
+`python prepare.py ... format=shards` (litdata's `optimize`), read with litdata's StreamingDataset.
+
+Why litdata (Lightning's own) over WebDataset: it splits the chunks between ranks and loader workers itself (each
+sample once per epoch, no duplicates, `drop_last` aside), shuffles chunks and samples per epoch from a seed, reads
+local folders and object stores alike (s3://, gs://, azure:// through its downloader with a local chunk cache), and
+its `StreamingDataLoader` has a `state_dict()`, which Lightning checkpoints and restores: a resumed run continues the
+stream where it stopped. WebDataset is lighter but has no resume of its own (we would count and skip samples by
+hand). The cost is its dependencies (boto3, obstore), so it is an optional extra: `pip install -e ".[stream]"`.
+
+Each sample is `{"index": int, "image": encoded bytes (png or jpeg), "label": int (-1: none)}`; decoding happens in
+the loader workers (`DecodingStreamingDataset.__getitem__`), as for the other sources, into uint8 CHW squares. Bad
+data keeps the other sources' guarantees: a sample that does not decode is replaced by the worker's last good one
+and flagged (counted in `data/skipped_files`) with `data.on_corrupt=skip`, or stops the run naming the shard folder
+and the sample's index with `error`; a folder without litdata's `index.json` stops at set-up naming the fix.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import logging
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from pixelsmith.data.base import ImageDataModule, per_rank_batch
+from pixelsmith.data.image_folder import decode_square
+from pixelsmith.errors import PixelsmithError
+
+log = logging.getLogger(__name__)
+
+
+class ShardsError(PixelsmithError, ValueError):
+    pass
+
+
+def _litdata():
+    try:
+        import litdata
+    except ImportError:
+        raise ShardsError(
+            'data=shards streams litdata shards, and litdata is not installed: pip install -e ".[stream]" (or '
+            "pip install litdata). Without it, use data=zip."
+        ) from None
+    return litdata
+
+
+def _dataset_class():
+    litdata = _litdata()
+
+    class DecodingStreamingDataset(litdata.StreamingDataset):
+        """litdata's StreamingDataset whose samples come out decoded: `(image, skipped_flag[, label])`."""
+
+        def __init__(self, *args, resolution: int, channels: int, labels: bool, on_corrupt: str, **kwargs):
+            super().__init__(*args, **kwargs)
+            self.resolution, self.channels = resolution, channels
+            self.use_labels, self.on_corrupt = labels, on_corrupt
+            self._last_good: tuple[torch.Tensor, torch.Tensor] | None = None
+
+        def __getitem__(self, index: Any):
+            sample = super().__getitem__(index)
+            label = torch.tensor(int(sample["label"]), dtype=torch.int64)
+            flag = 0
+            try:
+                image = decode_square(io.BytesIO(sample["image"]), self.resolution, self.channels)
+                self._last_good = (image, label)
+            except Exception as err:  # Pillow raises many types for bad data; all mean "unreadable"
+                where = f"sample {sample.get('index')} of the shards in {self.input_dir.path or self.input_dir.url}"
+                if self.on_corrupt == "error" or self._last_good is None:
+                    raise ShardsError(
+                        f"Cannot decode {where}: {err}. Rebuild the shards with `python prepare.py ... "
+                        "format=shards` (it skips and names unreadable images), or set data.on_corrupt=skip."
+                    ) from err
+                log.warning(
+                    "Skipping undecodable %s (%s); repeating this worker's previous image.", where, err
+                )
+                image, label = self._last_good
+                flag = 1
+            if self.use_labels:
+                return image, flag, label
+            return image, flag
+
+    return DecodingStreamingDataset
+
+
+class ShardsDataModule(ImageDataModule):
+    """`data=shards`: litdata shards from a local folder or an object-store URL; see the module docstring."""
+
+    default_extractor = "inception"
+
+    def __init__(
+        self,
+        path: str | None,
+        resolution: int = 64,
+        channels: int = 3,
+        labels: bool = False,
+        on_corrupt: str = "skip",
+        shuffle: bool = True,
+        cache_dir: str | None = None,
+        limit: int | None = None,
+        **loader_kwargs,
+    ):
+        super().__init__(**loader_kwargs)
+        if path is None:
+            raise ShardsError("data=shards needs data.path=/path/to/shards (or s3://bucket/prefix).")
+        if on_corrupt not in ("skip", "error"):
+            raise ValueError(f"data.on_corrupt={on_corrupt!r}: choose skip or error.")
+        self.path, self.resolution, self.channels = str(path), resolution, channels
+        self.use_labels, self.on_corrupt, self.shuffle = labels, on_corrupt, shuffle
+        self.cache_dir, self.limit = cache_dir, limit
+        self._loader = None
+
+    @property
+    def is_local(self) -> bool:
+        return "://" not in self.path or self.path.startswith("local:")
+
+    def _check_local(self) -> None:
+        folder = Path(self.path.removeprefix("local:")).expanduser()
+        if not (folder / "index.json").is_file():
+            raise ShardsError(
+                f"data.path={self.path!r} holds no litdata shards (no index.json). Write them with `python "
+                f"prepare.py source=<images> dest={self.path} format=shards resolution={self.resolution}`."
+            )
+        meta_file = folder / "pixelsmith.json"
+        if meta_file.is_file():
+            meta = json.loads(meta_file.read_text())
+            if self.use_labels and not meta.get("labelled"):
+                raise ShardsError(
+                    f"data.labels=true, but the shards in {self.path} were written without labels. Prepare them "
+                    "from labelled images (class subfolders, a labelled zip), or set data.labels=false."
+                )
+
+    def prepare_data(self) -> None:
+        _litdata()
+        if self.is_local:
+            self._check_local()
+
+    def setup(self, stage: str | None = None) -> None:
+        if self.train_set is not None:
+            return
+        self.prepare_data()
+        dataset_class = _dataset_class()
+        litdata = _litdata()
+        input_dir = self.path.removeprefix("local:")
+        if self.cache_dir is not None:
+            input_dir = litdata.streaming.resolver.Dir(path=self.cache_dir, url=self.path)
+        self.train_set = dataset_class(
+            input_dir,
+            shuffle=self.shuffle,
+            seed=self.seed,
+            drop_last=True,  # every rank the same number of batches: a rank that ran dry would hang the others
+            max_cache_size="10GB",
+            resolution=self.resolution,
+            channels=self.channels,
+            labels=self.use_labels,
+            on_corrupt=self.on_corrupt,
+        )
+        if self.limit and self.limit < len(self.train_set):  # a fraction of the shards (litdata's subsample)
+            self.train_set = dataset_class(
+                input_dir,
+                shuffle=self.shuffle,
+                seed=self.seed,
+                drop_last=True,
+                max_cache_size="10GB",
+                subsample=self.limit / len(self.train_set),
+                resolution=self.resolution,
+                channels=self.channels,
+                labels=self.use_labels,
+                on_corrupt=self.on_corrupt,
+            )
+
+    def train_dataloader(self):
+        litdata = _litdata()
+        trainer = self.trainer
+        world = trainer.world_size if trainer is not None else 1
+        batch = per_rank_batch(self.batch_size, world, self.accumulate)
+        workers = self.num_workers
+        self._loader = litdata.StreamingDataLoader(
+            self.train_set,
+            batch_size=batch,
+            num_workers=workers,
+            pin_memory=self.pin_memory,
+            persistent_workers=self.persistent_workers and workers > 0,
+            prefetch_factor=self.prefetch_factor if workers > 0 else None,
+            drop_last=True,
+        )
+        return self._loader
+
+    @property
+    def skipped_file_count(self) -> int:
+        return 0  # nothing is checked ahead: undecodable samples are counted as they are met
+
+    def reference_source(self, seed: int = 0, batch_size: int = 64):
+        """(fingerprint, protocol, batch factory, image count) for FID reference statistics: the shards' images in
+        their stored order (the first `reference_samples` of them), decoded as for training."""
+        dataset_class = _dataset_class()
+        reader = dataset_class(
+            self.path.removeprefix("local:"),
+            shuffle=False,
+            resolution=self.resolution,
+            channels=self.channels,
+            labels=False,
+            on_corrupt="skip",
+        )
+        fingerprint = f"shards:{self.path}:{len(reader)}:seed={seed}"
+        protocol = f"shards: ImageOps.fit LANCZOS to {self.resolution}px, {self.channels} ch"
+
+        def make_batches():
+            for start in range(0, len(reader), batch_size):
+                yield torch.stack([reader[i][0] for i in range(start, min(start + batch_size, len(reader)))])
+
+        return fingerprint, protocol, make_batches, len(reader)
