@@ -174,8 +174,12 @@ def test_each_conversion_option_on_pixels(tmp_path):
     )
     assert (wide[:2] == 0).all() and (wide[-2:] == 0).all() and tuple(wide[4, 0]) == (255, 0, 0)  # a 2:1 band
     # transform=none: the squares pass, the 16x8 image is skipped and named.
-    summary, _, _ = prepare(PrepareOptions(dest=str(tmp_path / "none.zip"), resolution=8, transform="none", **common))
-    assert summary.written == 2 and summary.skipped == [("a_rgba.png", "ValueError: is 16x8, not 8x8 (transform=none)")]
+    summary, _, _ = prepare(
+        PrepareOptions(dest=str(tmp_path / "none.zip"), resolution=8, transform="none", **common)
+    )
+    assert summary.written == 2 and summary.skipped == [
+        ("a_rgba.png", "ValueError: is 16x8, not 8x8 (transform=none)")
+    ]
 
 
 def test_a_list_of_files_and_a_zip_are_sources_too(tmp_path):
