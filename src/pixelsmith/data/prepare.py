@@ -350,20 +350,18 @@ def write_zip(items: list[Item], options: PrepareOptions, partial: Path) -> Summ
     return summary
 
 
-def _shard_item(index_and_data: tuple[int, bytes, int]) -> dict[str, Any]:
-    index, data, label = index_and_data
-    return {"index": index, "image": data, "label": label}
-
-
 def write_shards(items: list[Item], options: PrepareOptions, partial: Path) -> Summary:
+    """litdata's chunk format, written in this process by its `BinaryWriter` as images arrive (memory stays one chunk;
+    `litdata.optimize` would start worker processes and force the interpreter's multiprocessing start method)."""
     try:
-        from litdata import optimize
+        from litdata.streaming.writer import BinaryWriter
     except ImportError:
         raise PrepareError(
             'format=shards writes litdata shards: pip install -e ".[stream]" (litdata), or use format=zip.'
         ) from None
     summary = Summary()
-    encoded: list[tuple[int, bytes, int]] = []
+    partial.mkdir(parents=True)
+    writer = BinaryWriter(str(partial), chunk_bytes=options.chunk_mb * 1_000_000)
     with _progress(len(items), options.progress) as bar:
         task = bar.add_task("images", total=len(items))
         for item, data, why in _results(items, options):
@@ -372,20 +370,13 @@ def write_shards(items: list[Item], options: PrepareOptions, partial: Path) -> S
                 summary.skipped.append((item.name, why))
                 continue
             label = -1 if item.label is None else int(item.label)
-            encoded.append((summary.written, data, label))
+            writer[summary.written] = {"index": summary.written, "image": data, "label": label}
             summary.labels.append(item.label)
             summary.written += 1
-    if not encoded:
+    if not summary.written:
         return summary
-    # One writer process: the chunk files and index.json then come out the same on every run.
-    optimize(
-        fn=_shard_item,
-        inputs=encoded,
-        output_dir=str(partial),
-        chunk_bytes=f"{options.chunk_mb}MB",
-        num_workers=1,
-        mode="overwrite",
-    )
+    writer.done()
+    writer.merge()
     _stamp_index_by_content(partial)
     (partial / "pixelsmith.json").write_text(
         json.dumps(
@@ -394,7 +385,7 @@ def write_shards(items: list[Item], options: PrepareOptions, partial: Path) -> S
                 "channels": options.channels,
                 "encoding": options.encoding,
                 "images": summary.written,
-                "labelled": all(lb is not None for lb in summary.labels),
+                "labelled": all(label is not None for label in summary.labels),
             }
         )
     )

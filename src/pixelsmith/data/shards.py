@@ -47,41 +47,48 @@ def _litdata():
     return litdata
 
 
+try:  # an optional extra: without it the class below is never built (`_litdata()` says what to install)
+    from litdata import StreamingDataset as _StreamingDataset
+except ImportError:  # pragma: no cover - the dev install has it
+    _StreamingDataset = object
+
+
+class DecodingStreamingDataset(_StreamingDataset):
+    """litdata's StreamingDataset whose samples come out decoded: `(image, skipped_flag[, label])`. At module level so
+    loader workers started by spawn can unpickle it."""
+
+    def __init__(self, *args, resolution: int, channels: int, labels: bool, on_corrupt: str, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.resolution, self.channels = resolution, channels
+        self.use_labels, self.on_corrupt = labels, on_corrupt
+        self._last_good: tuple[torch.Tensor, torch.Tensor] | None = None
+
+    def __getitem__(self, index: Any):
+        sample = super().__getitem__(index)
+        label = torch.tensor(int(sample["label"]), dtype=torch.int64)
+        flag = 0
+        try:
+            image = decode_square(io.BytesIO(sample["image"]), self.resolution, self.channels)
+            self._last_good = (image, label)
+        except Exception as err:  # Pillow raises many types for bad data; all mean "unreadable"
+            where = (
+                f"sample {sample.get('index')} of the shards in {self.input_dir.path or self.input_dir.url}"
+            )
+            if self.on_corrupt == "error" or self._last_good is None:
+                raise ShardsError(
+                    f"Cannot decode {where}: {err}. Rebuild the shards with `python prepare.py ... format=shards` "
+                    "(it skips and names unreadable images), or set data.on_corrupt=skip."
+                ) from err
+            log.warning("Skipping undecodable %s (%s); repeating this worker's previous image.", where, err)
+            image, label = self._last_good
+            flag = 1
+        if self.use_labels:
+            return image, flag, label
+        return image, flag
+
+
 def _dataset_class():
-    litdata = _litdata()
-
-    class DecodingStreamingDataset(litdata.StreamingDataset):
-        """litdata's StreamingDataset whose samples come out decoded: `(image, skipped_flag[, label])`."""
-
-        def __init__(self, *args, resolution: int, channels: int, labels: bool, on_corrupt: str, **kwargs):
-            super().__init__(*args, **kwargs)
-            self.resolution, self.channels = resolution, channels
-            self.use_labels, self.on_corrupt = labels, on_corrupt
-            self._last_good: tuple[torch.Tensor, torch.Tensor] | None = None
-
-        def __getitem__(self, index: Any):
-            sample = super().__getitem__(index)
-            label = torch.tensor(int(sample["label"]), dtype=torch.int64)
-            flag = 0
-            try:
-                image = decode_square(io.BytesIO(sample["image"]), self.resolution, self.channels)
-                self._last_good = (image, label)
-            except Exception as err:  # Pillow raises many types for bad data; all mean "unreadable"
-                where = f"sample {sample.get('index')} of the shards in {self.input_dir.path or self.input_dir.url}"
-                if self.on_corrupt == "error" or self._last_good is None:
-                    raise ShardsError(
-                        f"Cannot decode {where}: {err}. Rebuild the shards with `python prepare.py ... "
-                        "format=shards` (it skips and names unreadable images), or set data.on_corrupt=skip."
-                    ) from err
-                log.warning(
-                    "Skipping undecodable %s (%s); repeating this worker's previous image.", where, err
-                )
-                image, label = self._last_good
-                flag = 1
-            if self.use_labels:
-                return image, flag, label
-            return image, flag
-
+    _litdata()
     return DecodingStreamingDataset
 
 
