@@ -18,7 +18,6 @@ images each stop the run at set-up with one paragraph naming the file and the fi
 from __future__ import annotations
 
 import hashlib
-import io
 import json
 import logging
 import os
@@ -32,8 +31,9 @@ import torch
 from torch.utils.data import Dataset
 
 from pixelsmith.data.base import ImageDataModule, MirroredDataset
+from pixelsmith.data.decode import collate_encoded, decode_batch_on_device, decode_bytes, resolve_decoder
 from pixelsmith.data.image_check import default_cache_dir
-from pixelsmith.data.image_folder import DataFolderError, decode_square
+from pixelsmith.data.image_folder import DataFolderError
 from pixelsmith.errors import PixelsmithError
 
 log = logging.getLogger(__name__)
@@ -182,15 +182,22 @@ class ArchiveDataset(Dataset):
         channels: int,
         on_corrupt: str = "skip",
         labels: torch.Tensor | None = None,
+        decoder: str = "pil",
     ):
         self.source, self.names, self.labels = source, names, labels
         self.resolution, self.channels, self.on_corrupt = resolution, channels, on_corrupt
+        self.decoder = decoder  # pil | simplejpeg, or nvjpeg: items carry the encoded bytes (data/decode.py)
 
     def __len__(self) -> int:
         return len(self.names)
 
     def decode(self, name: str) -> torch.Tensor:
-        return decode_square(io.BytesIO(self.source.read(name)), self.resolution, self.channels)
+        data = self.source.read(name)
+        if (
+            self.decoder == "nvjpeg"
+        ):  # decoded on the device a batch at a time (ZipDataModule.on_before_batch_transfer)
+            return torch.frombuffer(bytearray(data), dtype=torch.uint8)
+        return decode_bytes(data, self.resolution, self.channels, self.decoder)
 
     def __getitem__(self, index: int):
         for attempt in range(len(self.names)):
@@ -229,6 +236,7 @@ class ZipDataModule(ImageDataModule):
         on_corrupt: str = "skip",
         limit: int | None = None,
         mirror: bool = False,
+        decoder: str = "auto",
         **loader_kwargs,
     ):
         super().__init__(**loader_kwargs)
@@ -236,6 +244,9 @@ class ZipDataModule(ImageDataModule):
             raise ArchiveError(
                 "data=zip needs data.path=/path/to/dataset.zip (or a folder with a dataset.json)."
             )
+        self.decoder = decoder
+        self.decoder_used = "pil"
+        self._device: torch.device | None = None
         if on_corrupt not in ("skip", "error"):
             raise ValueError(f"data.on_corrupt={on_corrupt!r}: choose skip or error.")
         self.path, self.resolution, self.channels = path, resolution, channels
@@ -278,8 +289,33 @@ class ZipDataModule(ImageDataModule):
         if not readable:
             raise DataFolderError(f"None of the {len(names)} images in {self.path} can be read (see above).")
         labels = source.label_tensor(readable) if self.use_labels else None
-        dataset = ArchiveDataset(source, readable, self.resolution, self.channels, self.on_corrupt, labels)
+        self.decoder_used = self._choose_decoder(readable)
+        dataset = ArchiveDataset(
+            source, readable, self.resolution, self.channels, self.on_corrupt, labels, self.decoder_used
+        )
         self.train_set = MirroredDataset(dataset) if self.mirror else dataset
+        self.collate_fn = collate_encoded if self.decoder_used == "nvjpeg" else None
+
+    def _choose_decoder(self, names: list[str]) -> str:
+        device = self.trainer.strategy.root_device if self.trainer is not None else torch.device("cpu")
+        self._device = device
+        stores_jpeg = all(n.lower().endswith((".jpg", ".jpeg")) for n in names)
+        chosen = resolve_decoder(self.decoder, device.type, stores_jpeg)
+        if chosen == "nvjpeg" and self.mirror:
+            if self.decoder == "nvjpeg":
+                raise ArchiveError(
+                    "data.decoder=nvjpeg with data.mirror=true: the x-flipped copies are made from decoded images "
+                    "in the loader workers. Use data.decoder=auto with mirror, or prepare the archive mirrored."
+                )
+            chosen = resolve_decoder("auto", "cpu", stores_jpeg)
+        log.info("data=zip decodes with %s (data.decoder=%s).", chosen, self.decoder)
+        return chosen
+
+    def on_before_batch_transfer(self, batch: Any, dataloader_idx: int) -> Any:
+        if self.decoder_used != "nvjpeg":
+            return batch
+        images = decode_batch_on_device(batch[0], self.resolution, self.channels, self._device)
+        return (images, *batch[1:])
 
     @property
     def skipped_file_count(self) -> int:

@@ -102,6 +102,7 @@ class ImageDataModule(L.LightningDataModule):
         self.prefetch_factor = prefetch_factor
         self.on_device = on_device
         self.train_set: Dataset | None = None
+        self.collate_fn = None  # a subclass's batch maker (encoded images for decoding on the device)
 
     def _start_iteration(self) -> int:
         trainer = self.trainer
@@ -133,4 +134,5 @@ class ImageDataModule(L.LightningDataModule):
             prefetch_factor=self.prefetch_factor if workers > 0 else None,
             worker_init_fn=partial(worker_ignoring_ctrl_c, rank=rank) if workers > 0 else None,
             drop_last=False,
+            collate_fn=self.collate_fn,
         )

@@ -12,6 +12,13 @@ from omegaconf import MISSING
 from pixelsmith.choices import choice
 
 
+class Decoder(StrEnum):  # data.decoder of data=zip / data=shards (data/decode.py)
+    AUTO = "auto"
+    PIL = "pil"
+    SIMPLEJPEG = "simplejpeg"
+    NVJPEG = "nvjpeg"
+
+
 class OnCorrupt(StrEnum):  # an unreadable image file: skip it (warn, count) or stop with its path
     SKIP = "skip"
     ERROR = "error"
@@ -76,6 +83,7 @@ class ZipDataConfig(DataConfig):
     labels: bool = False  # the archive's dataset.json labels as batch.labels (class-conditional training)
     on_corrupt: str = choice(OnCorrupt, "skip")  # skip (warn and count) | error
     mirror: bool = False  # x-flipped copies doubling the dataset (NVlabs' --mirror)
+    decoder: str = choice(Decoder, "auto")  # auto | pil | simplejpeg | nvjpeg (data/decode.py)
 
 
 @dataclass
@@ -92,3 +100,4 @@ class ShardsDataConfig(DataConfig):
     on_corrupt: str = choice(OnCorrupt, "skip")  # skip (repeat the worker's last image, count) | error
     shuffle: bool = True  # chunks and samples shuffled per epoch from the run's seed
     cache_dir: str | None = None  # where chunks of a remote path are cached (null: litdata's default)
+    decoder: str = choice(Decoder, "auto")  # auto | pil | simplejpeg | nvjpeg (data/decode.py)

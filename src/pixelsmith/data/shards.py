@@ -17,7 +17,6 @@ and the sample's index with `error`; a folder without litdata's `index.json` sto
 
 from __future__ import annotations
 
-import io
 import json
 import logging
 from pathlib import Path
@@ -26,7 +25,7 @@ from typing import Any
 import torch
 
 from pixelsmith.data.base import ImageDataModule, per_rank_batch
-from pixelsmith.data.image_folder import decode_square
+from pixelsmith.data.decode import collate_encoded, decode_batch_on_device, decode_bytes, resolve_decoder
 from pixelsmith.errors import PixelsmithError
 
 log = logging.getLogger(__name__)
@@ -57,9 +56,18 @@ class DecodingStreamingDataset(_StreamingDataset):
     """litdata's StreamingDataset whose samples come out decoded: `(image, skipped_flag[, label])`. At module level so
     loader workers started by spawn can unpickle it."""
 
-    def __init__(self, *args, resolution: int, channels: int, labels: bool, on_corrupt: str, **kwargs):
+    def __init__(
+        self,
+        *args,
+        resolution: int,
+        channels: int,
+        labels: bool,
+        on_corrupt: str,
+        decoder: str = "pil",
+        **kwargs,
+    ):
         super().__init__(*args, **kwargs)
-        self.resolution, self.channels = resolution, channels
+        self.resolution, self.channels, self.decoder = resolution, channels, decoder
         self.use_labels, self.on_corrupt = labels, on_corrupt
         self._last_good: tuple[torch.Tensor, torch.Tensor] | None = None
 
@@ -68,7 +76,10 @@ class DecodingStreamingDataset(_StreamingDataset):
         label = torch.tensor(int(sample["label"]), dtype=torch.int64)
         flag = 0
         try:
-            image = decode_square(io.BytesIO(sample["image"]), self.resolution, self.channels)
+            if self.decoder == "nvjpeg":  # decoded on the device a batch at a time (on_before_batch_transfer)
+                image = torch.frombuffer(bytearray(sample["image"]), dtype=torch.uint8)
+            else:
+                image = decode_bytes(sample["image"], self.resolution, self.channels, self.decoder)
             self._last_good = (image, label)
         except Exception as err:  # Pillow raises many types for bad data; all mean "unreadable"
             where = (
@@ -107,9 +118,12 @@ class ShardsDataModule(ImageDataModule):
         shuffle: bool = True,
         cache_dir: str | None = None,
         limit: int | None = None,
+        decoder: str = "auto",
         **loader_kwargs,
     ):
         super().__init__(**loader_kwargs)
+        self.decoder, self.decoder_used = decoder, "pil"
+        self._device: torch.device | None = None
         if path is None:
             raise ShardsError("data=shards needs data.path=/path/to/shards (or s3://bucket/prefix).")
         if on_corrupt not in ("skip", "error"):
@@ -148,12 +162,25 @@ class ShardsDataModule(ImageDataModule):
         if self.train_set is not None:
             return
         self.prepare_data()
-        dataset_class = _dataset_class()
         litdata = _litdata()
         input_dir = self.path.removeprefix("local:")
         if self.cache_dir is not None:
             input_dir = litdata.streaming.resolver.Dir(path=self.cache_dir, url=self.path)
-        self.train_set = dataset_class(
+        self._device = self.trainer.strategy.root_device if self.trainer is not None else torch.device("cpu")
+        self.decoder_used = resolve_decoder(self.decoder, self._device.type, self._stores_jpeg())
+        self.collate_fn = collate_encoded if self.decoder_used == "nvjpeg" else None
+        self.train_set = self._dataset(input_dir)
+        if self.limit and self.limit < len(self.train_set):  # a fraction of the shards (litdata's subsample)
+            self.train_set = self._dataset(input_dir, subsample=self.limit / len(self.train_set))
+
+    def _stores_jpeg(self) -> bool:
+        meta_file = Path(self.path.removeprefix("local:")).expanduser() / "pixelsmith.json"
+        if self.is_local and meta_file.is_file():
+            return json.loads(meta_file.read_text()).get("encoding") == "jpeg"
+        return False  # unknown (a remote path): the loader workers decode whatever it is
+
+    def _dataset(self, input_dir: Any, **extra: Any):
+        return _dataset_class()(
             input_dir,
             shuffle=self.shuffle,
             seed=self.seed,
@@ -163,20 +190,9 @@ class ShardsDataModule(ImageDataModule):
             channels=self.channels,
             labels=self.use_labels,
             on_corrupt=self.on_corrupt,
+            decoder=self.decoder_used,
+            **extra,
         )
-        if self.limit and self.limit < len(self.train_set):  # a fraction of the shards (litdata's subsample)
-            self.train_set = dataset_class(
-                input_dir,
-                shuffle=self.shuffle,
-                seed=self.seed,
-                drop_last=True,
-                max_cache_size="10GB",
-                subsample=self.limit / len(self.train_set),
-                resolution=self.resolution,
-                channels=self.channels,
-                labels=self.use_labels,
-                on_corrupt=self.on_corrupt,
-            )
 
     def train_dataloader(self):
         litdata = _litdata()
@@ -192,8 +208,15 @@ class ShardsDataModule(ImageDataModule):
             persistent_workers=self.persistent_workers and workers > 0,
             prefetch_factor=self.prefetch_factor if workers > 0 else None,
             drop_last=True,
+            **({"collate_fn": self.collate_fn} if self.collate_fn is not None else {}),
         )
         return self._loader
+
+    def on_before_batch_transfer(self, batch: Any, dataloader_idx: int) -> Any:
+        if self.decoder_used != "nvjpeg":
+            return batch
+        images = decode_batch_on_device(batch[0], self.resolution, self.channels, self._device)
+        return (images, *batch[1:])
 
     @property
     def skipped_file_count(self) -> int:
