@@ -22,7 +22,7 @@ PACKAGE = "pixelsmith"
 LAYERS: list[tuple[str, ...]] = [
     # no Pixelsmith import at all (choices: the schemas' choice fields)
     # (parts: finds the optional model parts at run time, by their part.py, without importing them by name)
-    ("errors", "hashing", "launch", "choices", "stylegan2_auto", "parts"),
+    ("errors", "hashing", "launch", "choices", "stylegan2_auto", "parts", "argv_options"),
     ("paths",),  # where the config tree and data live
     ("core",),  # the training core (loop bookkeeping, optimizers, precision, strategies) and its schemas
     ("hardware_config",),  # the hardware/precision/strategy schemas

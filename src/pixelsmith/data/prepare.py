@@ -37,7 +37,7 @@ from typing import Any
 import numpy as np
 from PIL import Image, ImageColor, ImageOps, UnidentifiedImageError
 
-from pixelsmith.cli.options import parse_key_values
+from pixelsmith.argv_options import parse_key_values
 from pixelsmith.data.archive import IMAGE_EXTENSIONS, LABELS_FILE, ArchiveError, ArchiveSource
 from pixelsmith.errors import PixelsmithError
 

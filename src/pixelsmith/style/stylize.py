@@ -33,7 +33,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from pixelsmith.cli.options import parse_key_values
+from pixelsmith.argv_options import parse_key_values
 from pixelsmith.core.precision import AUTOCAST_DTYPES
 from pixelsmith.style.data import (
     IMAGE_EXTENSIONS,
