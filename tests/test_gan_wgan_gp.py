@@ -191,3 +191,17 @@ def test_a_forks_objective_is_one_class_and_one_yaml(tmp_path):
     )
     metrics = run(cfg)
     assert metrics["margin"] == pytest.approx(0.5) and metrics["iteration"] == 2
+
+
+def test_the_repeated_critic_phase_runs_the_same_through_the_cuda_graph_path(make_cfg, tmp_path):
+    """hardware.cuda_graphs=true on a CPU runs the graphed iteration's code uncaptured: n_critic draws and steps in
+    one plan, the same weights as eagerly."""
+    eager = run(make_cfg(*_SMALL_WGAN, "max_steps=2", "precision=32-true", output="eager"))
+    graphed = run(
+        make_cfg(*_SMALL_WGAN, "max_steps=2", "precision=32-true", "hardware.cuda_graphs=true", output="graphed")
+    )
+    assert graphed["loss/gp"] == pytest.approx(eager["loss/gp"], rel=1e-5)
+    a, b = last_checkpoint(tmp_path / "eager"), last_checkpoint(tmp_path / "graphed")
+    for key, value in a["state_dict"].items():
+        if value.is_floating_point():
+            torch.testing.assert_close(b["state_dict"][key], value, rtol=1e-5, atol=1e-6, msg=key)

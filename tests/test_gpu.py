@@ -101,6 +101,29 @@ GAN_CASES = {
         "augment=ada",
         "augment.initial_p=0.5",
     ],
+    # R3GAN with every schedule its presets use (device-side under the profiles' CUDA graphs), ADA's p scheduled
+    # over bgc + cutout, in bf16 and fp16; WGAN-GP's repeated critic phase on its own draws
+    "r3gan-schedules": [
+        *SMALL["r3gan"],
+        "hardware=auto",
+        "augment=ada",
+        "augment.target=null",
+        "augment.pipeline='bgc,cutout'",
+        "model.ema.rampup=null",
+        "+model.schedules.lr={start:2e-4,final:5e-5,horizon_kimg:1}",
+        "+model.schedules.beta2={start:0.9,final:0.99,horizon_kimg:1}",
+        "+model.schedules.gamma={start:0.05,final:0.005,horizon_kimg:1}",
+        "+model.schedules.ema_half_life_kimg={start:0,final:0.5,horizon_kimg:1}",
+        "+model.schedules.augment_p={start:0.2,final:0.55,horizon_kimg:1}",
+    ],
+    "r3gan-16-mixed": [*SMALL["r3gan"], "hardware=auto", "precision=16-mixed"],
+    "wgan-gp": [
+        "hardware=auto",
+        "+model/objective=wgan_gp",
+        "model.objective.loss=null",
+        "model.discriminator.norm=none",
+        "data.batch_size=320",  # 5 critic draws of 64
+    ],
     # compile modes: CUDA graphs of G and D with samples and evaluation between iterations (other batch sizes,
     # no_grad). hardware.cuda_graphs (the whole iteration as graphs, on in the GPU profiles) would run them as
     # default / max-autotune-no-cudagraphs, so it is off here; the cases above run it.
@@ -186,6 +209,39 @@ def test_gan_trains_on_the_gpu(case, tmp_path):
         "step_0000000.png",
         "step_0000002.png",
     ]
+
+
+def test_a_jpeg_zip_trains_with_its_batches_decoded_on_the_gpu(tmp_path):
+    """data=zip of JPEGs: nvJPEG decodes each batch on the device (`data.decoder=auto` picks it on CUDA), its pixels
+    within JPEG-decoder tolerance of Pillow's, and a run trains on them."""
+    import io
+
+    import numpy as np
+    from PIL import Image
+
+    from pixelsmith.data.decode import decode_batch_on_device
+    from pixelsmith.data.image_folder import decode_square
+    from pixelsmith.data.prepare import PrepareOptions, prepare
+
+    source = tmp_path / "jpegs"
+    source.mkdir()
+    rng = np.random.default_rng(0)
+    for i in range(96):
+        pixels = (np.linspace(0, 200, 64)[None, :, None] + rng.random((64, 64, 3)) * 50).astype(np.uint8)
+        Image.fromarray(pixels).save(source / f"{i:03d}.jpg", quality=92)
+    dest = prepare(PrepareOptions(str(source), str(tmp_path / "j.zip"), 32, encoding="jpeg", progress=False))[
+        1
+    ]
+    device = torch.device("cuda" if not ON_CPU else "cpu")
+    data = (source / "000.jpg").read_bytes()
+    on_device = decode_batch_on_device([torch.frombuffer(bytearray(data), dtype=torch.uint8)], 32, 3, device)
+    pil = decode_square(io.BytesIO(data), 32, 3)
+    assert on_device.device.type == device.type
+    assert (on_device[0].cpu().float() - pil.float()).abs().mean() < 3.0
+    out = tmp_path / "run"
+    _train(["hardware=auto", "data=zip", f"data.path={dest}", "data.resolution=32", "data.channels=3"], out)
+    if not ON_CPU:
+        assert "decodes with nvjpeg" in (out / "train.log").read_text()
 
 
 def test_evaluate_runs_on_cuda(tmp_path):
