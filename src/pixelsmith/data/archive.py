@@ -30,7 +30,7 @@ from typing import Any
 import torch
 from torch.utils.data import Dataset
 
-from pixelsmith.data.base import ImageDataModule, MirroredDataset
+from pixelsmith.data.base import ImageDataModule, MirroredDataset, seeded_batches
 from pixelsmith.data.decode import collate_encoded, decode_batch_on_device, decode_bytes, resolve_decoder
 from pixelsmith.data.image_check import default_cache_dir
 from pixelsmith.data.image_folder import DataFolderError
@@ -330,8 +330,6 @@ class ZipDataModule(ImageDataModule):
         protocol = f"zip: ImageOps.fit LANCZOS to {self.resolution}px, {self.channels} ch"
 
         def make_batches():
-            order = torch.randperm(len(dataset), generator=torch.Generator().manual_seed(seed)).tolist()
-            for start in range(0, len(order), batch_size):
-                yield torch.stack([dataset[i][0] for i in order[start : start + batch_size]])
+            return seeded_batches(dataset, seed, batch_size)
 
         return fingerprint, protocol, make_batches, len(dataset)

@@ -72,6 +72,14 @@ def per_rank_batch(global_batch: int, world_size: int, accumulate: int) -> int:
     return global_batch // world_size * accumulate
 
 
+def seeded_batches(dataset: Dataset, seed: int, batch_size: int):
+    """Batches of a dataset's images (item[0]) in a seeded order, so any prefix is a random subset: the real images of
+    FID reference statistics (`reference_source` of the image folder and the zip)."""
+    order = torch.randperm(len(dataset), generator=torch.Generator().manual_seed(seed)).tolist()  # type: ignore[arg-type]
+    for start in range(0, len(order), batch_size):
+        yield torch.stack([dataset[i][0] for i in order[start : start + batch_size]])
+
+
 class ImageDataModule(L.LightningDataModule):
     """Subclasses build `self.train_set` in `setup()`; items are uint8 CHW tensors (decoding stays in workers).
 

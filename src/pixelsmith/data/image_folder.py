@@ -22,7 +22,7 @@ import torch
 from PIL import Image, ImageOps
 from torch.utils.data import Dataset
 
-from pixelsmith.data.base import ImageDataModule, MirroredDataset
+from pixelsmith.data.base import ImageDataModule, MirroredDataset, seeded_batches
 from pixelsmith.data.fingerprint import fingerprint_image_folder
 from pixelsmith.data.image_check import check_images, default_cache_dir
 from pixelsmith.errors import PixelsmithError
@@ -223,8 +223,6 @@ class ImageFolderDataModule(ImageDataModule):
         )
 
         def make_batches():
-            order = torch.randperm(len(dataset), generator=torch.Generator().manual_seed(seed)).tolist()
-            for start in range(0, len(order), batch_size):
-                yield torch.stack([dataset[i][0] for i in order[start : start + batch_size]])
+            return seeded_batches(dataset, seed, batch_size)
 
         return fingerprint, protocol, make_batches, len(dataset)

@@ -326,6 +326,17 @@ def _progress(total: int, enabled: bool):
     )
 
 
+def _accepted(items: list[Item], options: PrepareOptions, summary: Summary, bar):
+    """The images that converted, in input order, as (item, encoded bytes); the others go to the summary."""
+    task = bar.add_task("images", total=len(items))
+    for item, data, why in _results(items, options):
+        bar.advance(task)
+        if data is None:
+            summary.skipped.append((item.name, why))
+        else:
+            yield item, data
+
+
 def write_zip(items: list[Item], options: PrepareOptions, partial: Path) -> Summary:
     summary = Summary()
     labels: list[list[Any]] = []
@@ -333,12 +344,7 @@ def write_zip(items: list[Item], options: PrepareOptions, partial: Path) -> Summ
         zipfile.ZipFile(partial, "w", compression=zipfile.ZIP_STORED) as archive,
         _progress(len(items), options.progress) as bar,
     ):
-        task = bar.add_task("images", total=len(items))
-        for item, data, why in _results(items, options):
-            bar.advance(task)
-            if data is None:
-                summary.skipped.append((item.name, why))
-                continue
+        for item, data in _accepted(items, options, summary, bar):
             name = member_name(summary.written, options.encoding)
             archive.writestr(zipfile.ZipInfo(name, date_time=_ZIP_TIME), data)
             labels.append([name, item.label])
@@ -363,12 +369,7 @@ def write_shards(items: list[Item], options: PrepareOptions, partial: Path) -> S
     partial.mkdir(parents=True)
     writer = BinaryWriter(str(partial), chunk_bytes=options.chunk_mb * 1_000_000)
     with _progress(len(items), options.progress) as bar:
-        task = bar.add_task("images", total=len(items))
-        for item, data, why in _results(items, options):
-            bar.advance(task)
-            if data is None:
-                summary.skipped.append((item.name, why))
-                continue
+        for item, data in _accepted(items, options, summary, bar):
             label = -1 if item.label is None else int(item.label)
             writer[summary.written] = {"index": summary.written, "image": data, "label": label}
             summary.labels.append(item.label)
