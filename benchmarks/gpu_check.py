@@ -4,6 +4,7 @@
     python -m benchmarks.gpu_check --stage train [--out DIR]   # the main job: wall time, img/s, stop reason, FID
     python -m benchmarks.gpu_check --stage bench [--out DIR]   # DCGAN-64 and StyleGAN2-256: img/s, MFU, ratios
     python -m benchmarks.gpu_check --stage style [--out DIR]   # 8K stylize, style training vs fast_neural_style, no-sync
+    python -m benchmarks.gpu_check --stage data [--out DIR]    # decoded img/s per source and decoder, nvJPEG, step
 
 Each stage writes one markdown table, `DIR/<stage>.md`, and the same rows as JSON beside it (`DIR/<stage>.json`),
 headed by the device, the torch/CUDA versions and the command; the runs it starts go under `--work-dir` (default
@@ -45,7 +46,7 @@ from typing import Any
 
 from benchmarks.child import CHECKOUT, child_env
 
-STAGES = ("tests", "train", "bench", "style")
+STAGES = ("tests", "train", "bench", "style", "data")
 STAGE_SECONDS = 540.0  # 9 minutes: the GPU machine's limit per command is 10
 RESERVE_SECONDS = 15.0  # kept back from every sub-step: writing the table, a killed child's clean-up
 MIN_STEP_SECONDS = 10.0  # a sub-step offered less than this is skipped (and the row says so)
@@ -1045,14 +1046,48 @@ def _style_no_sync(args, env, report, deadline) -> None:
         report.add(step=step, measure="train.host_sync_check=error", value=value, status=status)
 
 
+# ---- stage: data -------------------------------------------------------------------------------------------------
+def stage_data(args, env: Environment, report: StageReport, deadline: Deadline) -> None:
+    """The loader benchmark (`benchmarks.loader_bench`): decoded img/s per source and decoder, nvJPEG on the device,
+    beside the training step's img/s on the GPU profile (issue 26)."""
+    sizes = ["64", "256"] if env.dry_run else ["64", "256", "1024"]
+    command = [sys.executable, "-m", "benchmarks.loader_bench", "--sizes", *sizes, "--hardware", "auto"]
+    if env.dry_run:
+        command += ["--images", "32", "--repeats", "1", "--hardware", "cpu"]
+    timeout = deadline.timeout_for(args.time_limit)
+    if timeout is None:
+        report.add(measure="loader benchmark", value="skipped: no time left", status="skip")
+        return
+    outcome = run_bounded(command, timeout, report.work / "loader_bench.log")
+    report.add(measure="command", value="`python -m " + " ".join(command[2:]) + "`", status="info")
+    rows = [line for line in outcome.output.splitlines() if line.startswith("| ") and "---" not in line]
+    for line in rows[1:]:  # after the header
+        cells = [cell.strip() for cell in line.strip("|").split("|")]
+        report.add(
+            measure=" ".join(cells[:3]) + " px/source/decoder", value=" | ".join(cells[3:]), status="info"
+        )
+    report.add(
+        measure="process",
+        value="finished" if outcome.ok else outcome.problem(),
+        status="ok" if outcome.ok else "timeout" if outcome.timed_out else "fail",
+    )
+
+
 # ---- main -------------------------------------------------------------------------------------------------------
 COLUMNS = {
     "tests": ["row", "what", "result", "detail", "status"],
     "train": ["measure", "value", "status"],
     "bench": ["cell", "kind", "img_per_s", "mfu", "gflop_per_iteration", "result", "status"],
     "style": ["step", "measure", "value", "status"],
+    "data": ["measure", "value", "status"],
 }
-RUNNERS = {"tests": stage_tests, "train": stage_train, "bench": stage_bench, "style": stage_style}
+RUNNERS = {
+    "tests": stage_tests,
+    "train": stage_train,
+    "bench": stage_bench,
+    "style": stage_style,
+    "data": stage_data,
+}
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

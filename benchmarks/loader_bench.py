@@ -195,6 +195,9 @@ def main(argv: list[str] | None = None) -> int:
     if not args.no_step:
         torch.set_num_threads(torch.get_num_threads())
         for size in args.sizes:
+            if size > 256 and not torch.cuda.is_available():
+                print(f"(no training step at {size} px on a CPU: minutes per iteration)")
+                continue
             try:
                 steps[size] = step_images_per_second(size, args.hardware)
             except Exception as err:  # a size the profile cannot train here: the column says so
