@@ -198,7 +198,9 @@ def test_the_repeated_critic_phase_runs_the_same_through_the_cuda_graph_path(mak
     one plan, the same weights as eagerly."""
     eager = run(make_cfg(*_SMALL_WGAN, "max_steps=2", "precision=32-true", output="eager"))
     graphed = run(
-        make_cfg(*_SMALL_WGAN, "max_steps=2", "precision=32-true", "hardware.cuda_graphs=true", output="graphed")
+        make_cfg(
+            *_SMALL_WGAN, "max_steps=2", "precision=32-true", "hardware.cuda_graphs=true", output="graphed"
+        )
     )
     assert graphed["loss/gp"] == pytest.approx(eager["loss/gp"], rel=1e-5)
     a, b = last_checkpoint(tmp_path / "eager"), last_checkpoint(tmp_path / "graphed")
