@@ -921,6 +921,13 @@ class TrainingCore(L.LightningModule):
                     group["betas"] = tuple(
                         torch.full((), b, dtype=dtype, device=self.device) if graphed else b for b in betas
                     )
+                    if graphed and self._graphs.capture and group.get("fused"):
+                        # CUDA's fused Adam takes its betas as host floats (`_fused_adam_` has a tensor-lr overload
+                        # only): a capture would bake the first value in. Capturable foreach Adam reads tensors.
+                        group["fused"], group["foreach"] = False, True
+                        log.info(
+                            "Scheduled betas under CUDA graphs: optimizer %s steps with foreach Adam.", name
+                        )
         if graphed:
             self._iteration_t = torch.full((), self.iteration, dtype=torch.long, device=self.device)
             self._images_seen_t = torch.full((), self.images_seen, dtype=torch.long, device=self.device)
