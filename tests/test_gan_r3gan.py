@@ -81,7 +81,7 @@ def test_the_g_step_is_softplus_of_minus_fake_minus_real_on_its_own_reals():
         3.0,
     ]
     assert d_inputs["z"].shape == (2, 8) and objective.images_per_iteration(4) == 2
-    with pytest.raises(PixelsmithError, match="data.batch_size=3 must be a multiple of 2"):
+    with pytest.raises(PixelsmithError, match="micro-batch of 3 images .* must be a multiple of 2"):
         objective.sample_inputs(gmain, GANBatch(torch.zeros(3, 1, 2, 2)), 8)
 
 

@@ -267,8 +267,9 @@ class AdaptiveAugment(GANAugment):
         if isinstance(value, Tensor):
             self.p.copy_(value.clamp(0.0, self.max_p))
         else:
-            self.p.fill_(min(max(float(value), 0.0), self.max_p))
-            self._p_bound = float(self.p)
+            clamped = min(max(float(value), 0.0), self.max_p)
+            self.p.fill_(clamped)
+            self._p_bound = clamped  # from the host's number: reading p back would wait for the device
 
     def advance(self, num_images: int) -> bool:
         """The host's half of `update`: count the iteration and say whether it adjusts p. Called once per iteration

@@ -324,8 +324,10 @@ class ZipDataModule(ImageDataModule):
     def reference_source(self, seed: int = 0, batch_size: int = 64):
         """(fingerprint, protocol, batch factory, image count) for FID reference statistics: the archive's readable
         images decoded as for training, in a seeded order."""
-        dataset = getattr(self.train_set, "source", self.train_set)
-        source = dataset.source
+        trained = self.train_set.source if isinstance(self.train_set, MirroredDataset) else self.train_set
+        source = trained.source
+        # Decoded by Pillow whatever the training decoder (nvjpeg items are encoded bytes), as FID's protocol says.
+        dataset = ArchiveDataset(source, trained.names, self.resolution, self.channels, decoder="pil")
         fingerprint = f"zip:{hashlib.sha256(source.stamp().encode()).hexdigest()[:16]}:seed={seed}"
         protocol = f"zip: ImageOps.fit LANCZOS to {self.resolution}px, {self.channels} ch"
 

@@ -94,7 +94,7 @@ def decode_bytes(data: bytes, resolution: int, channels: int, decoder: str = "pi
                 image = ImageOps.fit(image, (resolution, resolution), method=Image.Resampling.LANCZOS)
                 pixels = np.asarray(image)
             pixels = pixels.reshape(resolution, resolution, channels)
-            return torch.from_numpy(np.ascontiguousarray(pixels.transpose(2, 0, 1)))
+            return torch.from_numpy(pixels.transpose(2, 0, 1).copy())
     return decode_square(io.BytesIO(data), resolution, channels)
 
 

@@ -75,7 +75,7 @@ def decode_square(path: Path, resolution: int, channels: int) -> torch.Tensor:
             img = ImageOps.fit(img, (resolution, resolution), method=Image.Resampling.LANCZOS)
         pixels = np.asarray(img).reshape(resolution, resolution, channels)
     # HWC -> CHW in numpy: torch's permute().contiguous() of a small uint8 image took ~10x longer (its threads).
-    return torch.from_numpy(np.ascontiguousarray(pixels.transpose(2, 0, 1)))
+    return torch.from_numpy(pixels.transpose(2, 0, 1).copy())  # a C-ordered copy: Pillow's array is read-only
 
 
 # Above this many pixels a non-JPEG file (JPEG decodes at a reduced scale anyway) is decoded once: its training square

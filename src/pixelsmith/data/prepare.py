@@ -252,7 +252,15 @@ def encode_image(image: Image.Image, options: PrepareOptions) -> bytes:
 def process(item: Item, options: PrepareOptions) -> tuple[bytes | None, str]:
     """(encoded image, "") or (None, why it was skipped)."""
     try:
-        return encode_image(convert_image(item.read(), options), options), ""
+        data = item.read()
+    except OSError as err:
+        return None, f"{type(err).__name__}: {err}"[:200]
+    return process_data(data, options)
+
+
+def process_data(data: bytes, options: PrepareOptions) -> tuple[bytes | None, str]:
+    try:
+        return encode_image(convert_image(data, options), options), ""
     except MemoryError:
         raise
     except UnidentifiedImageError:
@@ -261,8 +269,9 @@ def process(item: Item, options: PrepareOptions) -> tuple[bytes | None, str]:
         return None, f"{type(err).__name__}: {err}"[:200]
 
 
-def _process_job(job: tuple[Item, PrepareOptions]) -> tuple[bytes | None, str]:
-    return process(*job)
+def _process_job(job: tuple[bytes | str, PrepareOptions]) -> tuple[bytes | None, str]:
+    data, options = job
+    return (None, data) if isinstance(data, str) else process_data(data, options)
 
 
 # ---- outputs ------------------------------------------------------------------------------------------------------
@@ -300,17 +309,31 @@ class Summary:
         return out
 
 
+# Inputs read in this process a block at a time and sent to the workers as bytes: an Item of a zip source carries the
+# whole archive listing, which pickling per job would send N times; a block bounds the bytes held in memory.
+_BLOCK = 256
+
+
 def _results(items: list[Item], options: PrepareOptions):
     """(item, encoded or None, why) in input order, decoded in worker processes."""
     workers = (os.cpu_count() or 1) if str(options.workers) == "auto" else int(options.workers)
-    jobs = [(item, options) for item in items]
     if workers <= 1:
-        for job in jobs:
-            yield job[0], *_process_job(job)
+        for item in items:
+            yield item, *process(item, options)
         return
     with ProcessPoolExecutor(max_workers=workers) as pool:
-        for job, result in zip(jobs, pool.map(_process_job, jobs, chunksize=16), strict=True):
-            yield job[0], *result
+        for start in range(0, len(items), _BLOCK):
+            block = items[start : start + _BLOCK]
+            jobs = [(_read_or_reason(item), options) for item in block]
+            for item, result in zip(block, pool.map(_process_job, jobs, chunksize=16), strict=True):
+                yield item, *result
+
+
+def _read_or_reason(item: Item) -> bytes | str:
+    try:
+        return item.read()
+    except OSError as err:
+        return f"{type(err).__name__}: {err}"[:200]
 
 
 def _progress(total: int, enabled: bool):
@@ -370,7 +393,12 @@ def write_shards(items: list[Item], options: PrepareOptions, partial: Path) -> S
     writer = BinaryWriter(str(partial), chunk_bytes=options.chunk_mb * 1_000_000)
     with _progress(len(items), options.progress) as bar:
         for item, data in _accepted(items, options, summary, bar):
-            label = -1 if item.label is None else int(item.label)
+            if item.label is not None and not isinstance(item.label, int):
+                raise PrepareError(
+                    f"format=shards stores class indices; {item.name}'s label {item.label!r} is not one. Use "
+                    "format=zip for vector labels, or labels=none."
+                )
+            label = -1 if item.label is None else item.label
             writer[summary.written] = {"index": summary.written, "image": data, "label": label}
             summary.labels.append(item.label)
             summary.written += 1

@@ -19,12 +19,13 @@ from __future__ import annotations
 
 import json
 import logging
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from pixelsmith.data.base import ImageDataModule, per_rank_batch
+from pixelsmith.data.base import ImageDataModule, per_rank_batch, worker_ignoring_ctrl_c
 from pixelsmith.data.decode import collate_encoded, decode_batch_on_device, decode_bytes, resolve_decoder
 from pixelsmith.errors import PixelsmithError
 
@@ -170,8 +171,10 @@ class ShardsDataModule(ImageDataModule):
         self.decoder_used = resolve_decoder(self.decoder, self._device.type, self._stores_jpeg())
         self.collate_fn = collate_encoded if self.decoder_used == "nvjpeg" else None
         self.train_set = self._dataset(input_dir)
-        if self.limit and self.limit < len(self.train_set):  # a fraction of the shards (litdata's subsample)
-            self.train_set = self._dataset(input_dir, subsample=self.limit / len(self.train_set))
+        world = self.trainer.world_size if self.trainer is not None else 1
+        total = len(self.train_set) * world  # litdata's length is this rank's share
+        if self.limit and self.limit < total:  # a fraction of the shards (litdata's subsample)
+            self.train_set = self._dataset(input_dir, subsample=self.limit / total)
 
     def _stores_jpeg(self) -> bool:
         meta_file = Path(self.path.removeprefix("local:")).expanduser() / "pixelsmith.json"
@@ -185,7 +188,6 @@ class ShardsDataModule(ImageDataModule):
             shuffle=self.shuffle,
             seed=self.seed,
             drop_last=True,  # every rank the same number of batches: a rank that ran dry would hang the others
-            max_cache_size="10GB",
             resolution=self.resolution,
             channels=self.channels,
             labels=self.use_labels,
@@ -198,6 +200,7 @@ class ShardsDataModule(ImageDataModule):
         litdata = _litdata()
         trainer = self.trainer
         world = trainer.world_size if trainer is not None else 1
+        rank = trainer.global_rank if trainer is not None else 0
         batch = per_rank_batch(self.batch_size, world, self.accumulate)
         workers = self.num_workers
         self._loader = litdata.StreamingDataLoader(
@@ -208,6 +211,7 @@ class ShardsDataModule(ImageDataModule):
             persistent_workers=self.persistent_workers and workers > 0,
             prefetch_factor=self.prefetch_factor if workers > 0 else None,
             drop_last=True,
+            worker_init_fn=partial(worker_ignoring_ctrl_c, rank=rank) if workers > 0 else None,
             **({"collate_fn": self.collate_fn} if self.collate_fn is not None else {}),
         )
         return self._loader
@@ -234,6 +238,10 @@ class ShardsDataModule(ImageDataModule):
             labels=False,
             on_corrupt="skip",
         )
+        # Every image, whatever rank builds the statistics: litdata would read only this rank's share.
+        from litdata.utilities.env import _DistributedEnv
+
+        reader.distributed_env = _DistributedEnv(1, 0, 1)
         fingerprint = f"shards:{self.path}:{len(reader)}:seed={seed}"
         protocol = f"shards: ImageOps.fit LANCZOS to {self.resolution}px, {self.channels} ch"
 

@@ -159,7 +159,10 @@ class GANModule(TrainingCore):
         if self.augment is not None:
             if self._graphs is not None and hasattr(self.augment, "skip_when_off"):
                 self.augment.skip_when_off = False  # the same kernels at p = 0 as after (see AdaptiveAugment)
-            adapts = self.augment.advance(images.shape[0] * self.world_size)
+            # The images D trains on (R3GAN: one of its two draws), as the kimg count.
+            adapts = self.augment.advance(
+                self.objective.images_per_iteration(images.shape[0]) * self.world_size
+            )
         self._plan = (phases, adapts)
         return self._plan
 
@@ -187,7 +190,7 @@ class GANModule(TrainingCore):
                 logs.update(self.run_phase(phase, data))
             if index == last_d and self.augment is not None:
                 self.augment.apply_update(
-                    reals.shape[0] * self.world_size,
+                    self.objective.images_per_iteration(reals.shape[0]) * self.world_size,
                     adapts,
                     self.world_all_reduce if self.world_size > 1 else None,
                 )
@@ -240,10 +243,17 @@ class GANModule(TrainingCore):
         # A checkpoint from before an objective's state existed (e.g. the path-length mean, added with
         # model.objective) lacks its keys: they start from their initial values, as in a fresh run.
         state = checkpoint.get("state_dict", {})
-        for key, value in self.state_dict().items():
+        current = self.state_dict()
+        for key, value in current.items():
             if key.startswith("objective.") and key not in state:
                 state[key] = value
                 log.info("The checkpoint has no %s (written before it existed): starting it afresh.", key)
+        for key in [k for k in state if k.startswith("objective.") and k not in current]:
+            # State an objective no longer keeps (R3GAN's own image count, now the core's schedules').
+            del state[key]
+            log.info(
+                "The checkpoint's %s is no longer used by %s: dropped.", key, type(self.objective).__name__
+            )
 
     def logging_values(self) -> dict[str, float]:
         # ADA's p and r_t live on the device; read them only when the iteration logs.

@@ -395,9 +395,9 @@ class GANObjective(nn.Module):
         size, rest = divmod(batch.reals.shape[0], draws)
         if size == 0 or rest:
             raise PixelsmithError(
-                f"{type(self).__name__} draws {draws} real batches an iteration from one loader batch: "
-                f"data.batch_size={batch.reals.shape[0]} must be a multiple of {draws} (the reference's batch x "
-                f"{draws})."
+                f"{type(self).__name__} draws {draws} real batches an iteration from one loader batch: this "
+                f"process's micro-batch of {batch.reals.shape[0]} images (data.batch_size / processes / ...) must be "
+                f"a multiple of {draws}. Set data.batch_size to {draws} x the reference's batch x the processes."
             )
         part = slice(index * size, (index + 1) * size)
         return batch.reals[part], None if batch.labels is None else batch.labels[part]
