@@ -94,7 +94,7 @@ def test_the_phase_table_repeats_the_critic_on_draws_of_its_own():
         [8.0, 9.0],
     ]  # disjoint, covering the batch
     assert objective.images_per_iteration(10) == 10  # all five draws: the images the critic trained on
-    with pytest.raises(PixelsmithError, match="data.batch_size=12 must be a multiple of 5"):
+    with pytest.raises(PixelsmithError, match="micro-batch of 12 images .* must be a multiple of 5"):
         objective.sample_inputs(dmain, GANBatch(torch.zeros(12, 1, 1, 1)), 8)
 
 
