@@ -13,7 +13,7 @@ import pytest
 import torch
 from PIL import Image
 
-from pixelsmith.data import archive as archive_module
+from pixelsmith.data import decode as decode_module
 from pixelsmith.data.decode import (
     DecoderError,
     collate_encoded,
@@ -92,15 +92,15 @@ def test_a_run_through_the_device_decode_path_on_the_cpu(tmp_path, monkeypatch):
         (source / f"{i}.jpg").write_bytes(_jpeg(40, 40, i))
     dest = tmp_path / "j.zip"
     prepare(PrepareOptions(str(source), str(dest), 32, encoding="jpeg", workers=1, progress=False))
-    monkeypatch.setattr(archive_module, "resolve_decoder", lambda requested, device, jpeg: "nvjpeg")
+    monkeypatch.setattr(decode_module, "resolve_decoder", lambda requested, device, jpeg: "nvjpeg")
     calls = []
-    real = archive_module.decode_batch_on_device
+    real = decode_module.decode_batch_on_device
 
     def counting(*args):
         calls.append(len(args[0]))
         return real(*args)
 
-    monkeypatch.setattr(archive_module, "decode_batch_on_device", counting)
+    monkeypatch.setattr(decode_module, "decode_batch_on_device", counting)
     cfg = compose_config(
         [
             *FAST,

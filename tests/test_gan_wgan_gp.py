@@ -11,33 +11,12 @@ import math
 
 import pytest
 import torch
-from torch import nn
 
 from pixelsmith.errors import PixelsmithError
 from pixelsmith.gan.objectives import GANBatch, GANObjective, PhaseLoss, WGANGPObjective
 from pixelsmith.train import run
 from tests.conftest import CONF_DIR, compose_config, last_checkpoint
-
-
-class _SquareD(nn.Module):
-    def forward(self, images):
-        return images.square().sum(dim=[1, 2, 3])
-
-
-class _Step:
-    """G returns a constant image b; D_forward augments by multiplying with `aug`."""
-
-    def __init__(self, b: float, aug: float = 1.0):
-        self.D, self.b, self.aug = _SquareD(), b, aug
-
-    def G_forward(self, z, grad=True):
-        return torch.full((z.shape[0], 1, 2, 2), self.b) + 0.0 * z.sum()
-
-    def D_forward(self, images, reals=False):
-        return self.D(images * self.aug)
-
-    def loss_scale(self):
-        return torch.tensor(1.0)
+from tests.test_gan_r3gan import _Step  # G a constant image b, D(x) = sum of x^2 after scaling by `aug`
 
 
 def _inputs(real: float, mix: float, n: int = 2):

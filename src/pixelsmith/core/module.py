@@ -313,15 +313,6 @@ class TrainingCore(L.LightningModule):
             values[f"schedule/{name}"] = value
         return values
 
-    @property
-    def _lr_scheduled_optimizers(self) -> set[int]:
-        """ids of the raw optimizers whose lr `model.schedules` sets (`lr`, `<name>_lr`)."""
-        if not self._schedules:
-            return set()
-        names = set(self._optimizer_index) if "lr" in self._schedules else set()
-        names |= {name for name in self._optimizer_index if f"{name}_lr" in self._schedules}
-        return {id(self._raw_optimizer(name)) for name in names}
-
     def _set_optimizer_value(self, names: list[str], key: str, value: float | torch.Tensor) -> None:
         for name in names:
             lr_scale, betas_power = self._lr_scale_and_betas_power.get(name, (1.0, 1.0))
@@ -731,10 +722,10 @@ class TrainingCore(L.LightningModule):
         self.grad_allreduce_calls += grad_allreduce_calls
         logs = dict(logs or {})
         self.iteration += 1
-        for sched in self._schedulers():
+        for name, sched in zip(self._optimizer_index, self._schedulers(), strict=True):
             if (
-                id(sched.optimizer) not in self._lr_scheduled_optimizers
-            ):  # model.schedules sets their lr instead
+                "lr" not in self._schedules and f"{name}_lr" not in self._schedules
+            ):  # else model.schedules sets it
                 sched.step()
         iteration = self.iteration
         # Newest value per key since the last log: a metric of some iterations only (R1's `loss/r1`) still reaches

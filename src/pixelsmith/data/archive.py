@@ -31,7 +31,7 @@ import torch
 from torch.utils.data import Dataset
 
 from pixelsmith.data.base import ImageDataModule, MirroredDataset, seeded_batches
-from pixelsmith.data.decode import collate_encoded, decode_batch_on_device, decode_bytes, resolve_decoder
+from pixelsmith.data.decode import DecodesOnDevice, decode_bytes, resolve_decoder
 from pixelsmith.data.image_check import default_cache_dir
 from pixelsmith.data.image_folder import DataFolderError
 from pixelsmith.errors import PixelsmithError
@@ -222,7 +222,7 @@ class ArchiveDataset(Dataset):
         raise ArchiveError(f"No image in {self.source.path} could be read; see the warnings above.")
 
 
-class ZipDataModule(ImageDataModule):
+class ZipDataModule(DecodesOnDevice, ImageDataModule):
     """`data=zip`: a StyleGAN2-ADA dataset archive (or a folder with its layout); see the module docstring."""
 
     default_extractor = "inception"
@@ -245,8 +245,6 @@ class ZipDataModule(ImageDataModule):
                 "data=zip needs data.path=/path/to/dataset.zip (or a folder with a dataset.json)."
             )
         self.decoder = decoder
-        self.decoder_used = "pil"
-        self._device: torch.device | None = None
         if on_corrupt not in ("skip", "error"):
             raise ValueError(f"data.on_corrupt={on_corrupt!r}: choose skip or error.")
         self.path, self.resolution, self.channels = path, resolution, channels
@@ -289,18 +287,15 @@ class ZipDataModule(ImageDataModule):
         if not readable:
             raise DataFolderError(f"None of the {len(names)} images in {self.path} can be read (see above).")
         labels = source.label_tensor(readable) if self.use_labels else None
-        self.decoder_used = self._choose_decoder(readable)
+        self.set_decoder(self._choose_decoder(readable))
         dataset = ArchiveDataset(
             source, readable, self.resolution, self.channels, self.on_corrupt, labels, self.decoder_used
         )
         self.train_set = MirroredDataset(dataset) if self.mirror else dataset
-        self.collate_fn = collate_encoded if self.decoder_used == "nvjpeg" else None
 
     def _choose_decoder(self, names: list[str]) -> str:
-        device = self.trainer.strategy.root_device if self.trainer is not None else torch.device("cpu")
-        self._device = device
         stores_jpeg = all(n.lower().endswith((".jpg", ".jpeg")) for n in names)
-        chosen = resolve_decoder(self.decoder, device.type, stores_jpeg)
+        chosen = self.choose_decoder(self.decoder, stores_jpeg)
         if chosen == "nvjpeg" and self.mirror:
             if self.decoder == "nvjpeg":
                 raise ArchiveError(
@@ -310,12 +305,6 @@ class ZipDataModule(ImageDataModule):
             chosen = resolve_decoder("auto", "cpu", stores_jpeg)
         log.info("data=zip decodes with %s (data.decoder=%s).", chosen, self.decoder)
         return chosen
-
-    def on_before_batch_transfer(self, batch: Any, dataloader_idx: int) -> Any:
-        if self.decoder_used != "nvjpeg":
-            return batch
-        images = decode_batch_on_device(batch[0], self.resolution, self.channels, self._device)
-        return (images, *batch[1:])
 
     @property
     def skipped_file_count(self) -> int:

@@ -87,10 +87,8 @@ def decode_bytes(data: bytes, resolution: int, channels: int, decoder: str = "pi
         if pixels is not None:
             if pixels.shape[:2] != (resolution, resolution):
                 image = Image.fromarray(
-                    pixels.reshape(pixels.shape[0], pixels.shape[1], channels).squeeze(-1)
-                    if channels == 1
-                    else pixels
-                )
+                    pixels[..., 0] if channels == 1 else pixels
+                )  # GRAY comes as (H, W, 1)
                 image = ImageOps.fit(image, (resolution, resolution), method=Image.Resampling.LANCZOS)
                 pixels = np.asarray(image)
             pixels = pixels.reshape(resolution, resolution, channels)
@@ -109,11 +107,39 @@ def collate_encoded(items: list[tuple]) -> tuple:
 
 
 @contextmanager
-def _quiet_torchvision_io():
-    # torchvision 0.29 warns on every decode_jpeg call that TorchCodec replaces it (see the module docstring).
+def quiet_torchvision_io():
+    """torchvision 0.29 warns on every decode_jpeg/encode_jpeg call that TorchCodec replaces them (see the module
+    docstring); the style part's nvJPEG codec uses this too."""
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=".*(deprecat|TorchCodec).*")
         yield
+
+
+class DecodesOnDevice:
+    """What a datamodule of stored images (data=zip, data=shards) shares for `data.decoder`: `choose_decoder` picks it
+    for the run's device once, at set-up (with nvjpeg the loader batches encoded bytes, `collate_encoded`), and
+    Lightning's `on_before_batch_transfer` then decodes those batches on that device. Listed before the datamodule
+    base class, so its hook is the one Lightning calls."""
+
+    decoder_used = "pil"
+    decode_device: torch.device | None = None
+
+    def choose_decoder(self, requested: str, stores_jpeg: bool) -> str:
+        trainer = getattr(self, "trainer", None)
+        self.decode_device = trainer.strategy.root_device if trainer is not None else torch.device("cpu")
+        self.decoder_used = resolve_decoder(requested, self.decode_device.type, stores_jpeg)
+        return self.decoder_used
+
+    def set_decoder(self, decoder: str) -> None:
+        """Fix the decoder `choose_decoder` chose (or one the datamodule falls back to) and the loader's batching."""
+        self.decoder_used = decoder
+        self.collate_fn = collate_encoded if decoder == "nvjpeg" else None
+
+    def on_before_batch_transfer(self, batch, dataloader_idx: int):
+        if self.decoder_used != "nvjpeg":
+            return batch
+        images = decode_batch_on_device(batch[0], self.resolution, self.channels, self.decode_device)
+        return (images, *batch[1:])
 
 
 _warned_fallback = False
@@ -131,7 +157,7 @@ def decode_batch_on_device(
     global _warned_fallback
     mode = ImageReadMode.GRAY if channels == 1 else ImageReadMode.RGB
     try:
-        with _quiet_torchvision_io():
+        with quiet_torchvision_io():
             images = decode_jpeg(encoded, mode=mode, device=device)
         if device.type == "cuda":
             from pixelsmith.core.host_reads import host_reads_allowed

@@ -56,11 +56,18 @@ def list_images(root: str | Path, extensions: list[str]) -> list[Path]:
 _WIDE_INTEGER_MODES = ("I;16", "I;16B", "I;16L", "I;16N", "I")
 
 
-def _to_8bit(img: Image.Image) -> Image.Image:
+def to_8bit(img: Image.Image, stretch: bool = False) -> Image.Image:
+    """A wide grey image as 8-bit L: divided by 257, or (`stretch`, prepare.py's `high_bit_depth=stretch`) spread
+    from its own min..max over 0..255. Other modes pass through."""
     if img.mode not in _WIDE_INTEGER_MODES:
         return img
     values = np.asarray(img, dtype=np.float64)
-    return Image.fromarray(np.clip(np.rint(values / 257.0), 0, 255).astype(np.uint8), mode="L")
+    if stretch:
+        low, high = float(values.min()), float(values.max())
+        values = (values - low) * (255.0 / max(high - low, 1e-12))
+    else:
+        values = values / 257.0
+    return Image.fromarray(np.clip(np.rint(values), 0, 255).astype(np.uint8), mode="L")
 
 
 def decode_square(path: Path, resolution: int, channels: int) -> torch.Tensor:
@@ -70,7 +77,7 @@ def decode_square(path: Path, resolution: int, channels: int) -> torch.Tensor:
         # JPEG can decode at 1/2, 1/4 or 1/8 scale: a 144-megapixel photo for a 64 px model then costs a few MB.
         img.draft("RGB" if channels == 3 else "L", (2 * resolution, 2 * resolution))
         img = ImageOps.exif_transpose(img)
-        img = _to_8bit(img).convert("L" if channels == 1 else "RGB")
+        img = to_8bit(img).convert("L" if channels == 1 else "RGB")
         if img.size != (resolution, resolution):  # a prepared archive's images are already the square
             img = ImageOps.fit(img, (resolution, resolution), method=Image.Resampling.LANCZOS)
         pixels = np.asarray(img).reshape(resolution, resolution, channels)

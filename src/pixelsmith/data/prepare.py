@@ -34,11 +34,11 @@ from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 from PIL import Image, ImageColor, ImageOps, UnidentifiedImageError
 
 from pixelsmith.argv_options import parse_key_values
 from pixelsmith.data.archive import IMAGE_EXTENSIONS, LABELS_FILE, ArchiveError, ArchiveSource
+from pixelsmith.data.image_folder import to_8bit
 from pixelsmith.errors import PixelsmithError
 
 TRANSFORMS = ("center-crop", "center-crop-wide", "pad", "none")
@@ -200,7 +200,7 @@ def convert_image(data: bytes, options: PrepareOptions) -> Image.Image:
     with Image.open(io.BytesIO(data)) as opened:
         opened.load()
         image = ImageOps.exif_transpose(opened)
-    image = _to_8bit(image, options.high_bit_depth)
+    image = to_8bit(image, stretch=options.high_bit_depth == "stretch")
     if image.mode in ("RGBA", "LA", "PA") or (image.mode == "P" and "transparency" in image.info):
         rgba = image.convert("RGBA")
         canvas = Image.new("RGBA", rgba.size, (*background, 255))
@@ -221,18 +221,6 @@ def convert_image(data: bytes, options: PrepareOptions) -> Image.Image:
     square = Image.new(image.mode, (size, size), 0)
     square.paste(band, (0, (size - size // 2) // 2))
     return square
-
-
-def _to_8bit(image: Image.Image, policy: str) -> Image.Image:
-    if image.mode not in ("I;16", "I;16B", "I;16L", "I;16N", "I", "F"):
-        return image
-    values = np.asarray(image, dtype=np.float64)
-    if policy == "stretch":
-        low, high = float(values.min()), float(values.max())
-        values = (values - low) * (255.0 / max(high - low, 1e-12))
-    else:
-        values = values / 257.0
-    return Image.fromarray(np.clip(np.rint(values), 0, 255).astype(np.uint8), mode="L")
 
 
 def encode_image(image: Image.Image, options: PrepareOptions) -> bytes:

@@ -26,7 +26,7 @@ from typing import Any
 import torch
 
 from pixelsmith.data.base import ImageDataModule, per_rank_batch, worker_ignoring_ctrl_c
-from pixelsmith.data.decode import collate_encoded, decode_batch_on_device, decode_bytes, resolve_decoder
+from pixelsmith.data.decode import DecodesOnDevice, decode_bytes
 from pixelsmith.errors import PixelsmithError
 
 log = logging.getLogger(__name__)
@@ -104,7 +104,7 @@ def _dataset_class():
     return DecodingStreamingDataset
 
 
-class ShardsDataModule(ImageDataModule):
+class ShardsDataModule(DecodesOnDevice, ImageDataModule):
     """`data=shards`: litdata shards from a local folder or an object-store URL; see the module docstring."""
 
     default_extractor = "inception"
@@ -123,8 +123,7 @@ class ShardsDataModule(ImageDataModule):
         **loader_kwargs,
     ):
         super().__init__(**loader_kwargs)
-        self.decoder, self.decoder_used = decoder, "pil"
-        self._device: torch.device | None = None
+        self.decoder = decoder
         if path is None:
             raise ShardsError("data=shards needs data.path=/path/to/shards (or s3://bucket/prefix).")
         if on_corrupt not in ("skip", "error"):
@@ -167,9 +166,7 @@ class ShardsDataModule(ImageDataModule):
         input_dir = self.path.removeprefix("local:")
         if self.cache_dir is not None:
             input_dir = litdata.streaming.resolver.Dir(path=self.cache_dir, url=self.path)
-        self._device = self.trainer.strategy.root_device if self.trainer is not None else torch.device("cpu")
-        self.decoder_used = resolve_decoder(self.decoder, self._device.type, self._stores_jpeg())
-        self.collate_fn = collate_encoded if self.decoder_used == "nvjpeg" else None
+        self.set_decoder(self.choose_decoder(self.decoder, self._stores_jpeg()))
         self.train_set = self._dataset(input_dir)
         world = self.trainer.world_size if self.trainer is not None else 1
         total = len(self.train_set) * world  # litdata's length is this rank's share
@@ -215,12 +212,6 @@ class ShardsDataModule(ImageDataModule):
             **({"collate_fn": self.collate_fn} if self.collate_fn is not None else {}),
         )
         return self._loader
-
-    def on_before_batch_transfer(self, batch: Any, dataloader_idx: int) -> Any:
-        if self.decoder_used != "nvjpeg":
-            return batch
-        images = decode_batch_on_device(batch[0], self.resolution, self.channels, self._device)
-        return (images, *batch[1:])
 
     @property
     def skipped_file_count(self) -> int:

@@ -456,9 +456,6 @@ class R3GANObjective(GANObjective):
         # Dmain differentiates through D's input gradient (R1, R2) every iteration.
         return [Phase(f"{network}main", network, double_backward=network == "D") for network in self.order]
 
-    def lazy_ratio(self, network: str) -> float:
-        return 1.0
-
     def real_draws(self) -> int:
         return 2
 
@@ -584,9 +581,6 @@ class WGANGPObjective(GANObjective):
             else Phase("Gmain", "G")
             for network in self.order
         ]
-
-    def lazy_ratio(self, network: str) -> float:
-        return 1.0
 
     def real_draws(self) -> int:
         return self.n_critic

@@ -32,7 +32,6 @@ import warnings
 from collections import deque
 from collections.abc import Callable
 from concurrent.futures import Future, ProcessPoolExecutor
-from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -42,6 +41,7 @@ import torch
 from PIL import Image
 from torch import Tensor, nn
 
+from pixelsmith.data.decode import quiet_torchvision_io
 from pixelsmith.style.data import ImageData, ImageReadError, read_image
 from pixelsmith.style.tiling import StageTimes, stylize_tiled
 
@@ -121,19 +121,11 @@ def jpeg_with_icc_profile(jpeg: bytes, icc_profile: bytes | None) -> bytes:
     return jpeg[:insert_at] + segments + jpeg[insert_at:]
 
 
-@contextmanager
-def _quiet_torchvision_io():
-    # torchvision 0.29 warns on every decode_jpeg/encode_jpeg call that TorchCodec replaces them (see the docstring).
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message=".*(deprecat|TorchCodec).*")
-        yield
-
-
 def decode_jpeg_on_device(source: Path, device: torch.device) -> Tensor:
     """(H, W, 3) uint8 on `device`: nvJPEG on CUDA, libjpeg-turbo on a CPU, EXIF orientation applied."""
     from torchvision.io import ImageReadMode, decode_jpeg, read_file
 
-    with _quiet_torchvision_io():
+    with quiet_torchvision_io():
         data = read_file(str(source))
         image = decode_jpeg(data, mode=ImageReadMode.RGB, device=device, apply_exif_orientation=True)
     if device.type == "cuda":
@@ -147,7 +139,7 @@ def encode_jpeg_on_device(result: Tensor, target: Path, icc_profile: bytes | Non
     """Encode an (H, W, 3) uint8 tensor where it is (nvJPEG on CUDA) and write it atomically. Main thread only."""
     from torchvision.io import encode_jpeg
 
-    with _quiet_torchvision_io():
+    with quiet_torchvision_io():
         encoded = encode_jpeg(result.permute(2, 0, 1).contiguous(), quality=JPEG_QUALITY)
     write_bytes_atomically(jpeg_with_icc_profile(encoded.cpu().numpy().tobytes(), icc_profile), target)
 
