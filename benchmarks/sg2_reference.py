@@ -4,6 +4,8 @@
     python -m benchmarks.sg2_reference --nvlabs-path /tmp/nvlabs                # 32 px, fp32, batch 16, our default widths
     python -m benchmarks.sg2_reference --repeats 9 --resolution 64 --channel-base 8192
     python -m benchmarks.sg2_reference                                          # without a checkout: ours only
+    python -m benchmarks.sg2_reference --device cuda --resolution 256 --batch-size 32 --z-dim 512 --mapping-layers 8 \
+        --channel-base 16384 --channel-max 512 --precision bf16 --nvlabs-fp16 --compile --nvlabs-path /tmp/nvlabs
 
 Both sides get identical widths (z = w, mapping layers, channel_base / channel_max, RGB at `--resolution`) and the
 same phase code, written as NVlabs' `training/loss.py` `StyleGAN2Loss.accumulate_gradients` runs it with style mixing
@@ -21,6 +23,12 @@ Each repeat times every phase of every network once, in turn (so load drift on a
 after `--warmup` untimed rounds; the table prints medians over repeats (images/s = batch / seconds) and min-max, the
 ratios ours / NVlabs' per phase, and the FLOPs each phase counts (`pixelsmith.perf.flops.count_flops`). FLOPs
 per step are exact; timings on a shared CPU are not: run it under `nice -n 19` on an idle machine and say so.
+
+On a GPU (`--device cuda`) the clock is read after `torch.cuda.synchronize()`. `--precision bf16` runs our phases
+under bf16 autocast (the GPU profiles' precision); `--nvlabs-fp16` gives NVlabs' networks their paper configuration's
+mixed precision (fp16 in the top 4 resolutions, conv_clamp 256). NVlabs' custom CUDA ops (bias_act, upfirdn2d) build
+with nvcc at first use; where they cannot, NVlabs' own code falls back to its reference ops and the header says so.
+`--compile` compiles our G and D as the template does (R1's double backward runs them eagerly, as the template does).
 """
 
 from __future__ import annotations
@@ -107,8 +115,8 @@ def nvlabs_pair(args) -> Pair:
         synthesis_kwargs={
             "channel_base": args.channel_base,
             "channel_max": args.channel_max,
-            "num_fp16_res": 0,
-            "conv_clamp": None,
+            "num_fp16_res": 4 if args.nvlabs_fp16 else 0,
+            "conv_clamp": 256 if args.nvlabs_fp16 else None,
         },
     )
     discriminator = networks.Discriminator(
@@ -118,8 +126,8 @@ def nvlabs_pair(args) -> Pair:
         architecture="resnet",
         channel_base=args.channel_base,
         channel_max=args.channel_max,
-        num_fp16_res=0,
-        conv_clamp=None,
+        num_fp16_res=4 if args.nvlabs_fp16 else 0,
+        conv_clamp=256 if args.nvlabs_fp16 else None,
         epilogue_kwargs={"mbstd_group_size": 4},
     )
     return Pair(
@@ -131,7 +139,19 @@ def nvlabs_pair(args) -> Pair:
     )
 
 
-def phase_step(pair: Pair, phase: str, z: torch.Tensor, real: torch.Tensor, r1_gamma: float = 1.0) -> None:
+def phase_step(
+    pair: Pair, phase: str, z: torch.Tensor, real: torch.Tensor, r1_gamma: float = 1.0, autocast=None
+) -> None:
+    from pixelsmith.core.module import eager
+
+    if autocast is not None and phase != "R1":
+        with autocast():
+            return phase_step(pair, phase, z, real, r1_gamma)
+    if phase == "R1" and any(getattr(m, "_compiled_call_impl", None) for m in pair.discriminator.modules()):
+        with eager(
+            pair.discriminator
+        ):  # AOTAutograd's backward is not differentiable: the template runs R1 eager
+            return phase_step(pair, phase, z, real, r1_gamma)
     generator, discriminator = pair.generator, pair.discriminator
     if pair.channels_last:
         real = real.contiguous(memory_format=torch.channels_last)
@@ -166,6 +186,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
     parser.add_argument("--no-legacy", action="store_true", help="leave out the bilinear / avg_pool column")
+    parser.add_argument("--device", default="cpu", help="cpu or cuda")
+    parser.add_argument("--precision", choices=("fp32", "bf16"), default="fp32", help="ours: bf16 = autocast")
+    parser.add_argument("--nvlabs-fp16", action="store_true", help="NVlabs: num_fp16_res=4, conv_clamp=256")
+    parser.add_argument(
+        "--compile", action="store_true", help="ours: torch.compile G and D (as the template)"
+    )
     parser.add_argument(
         "--channels-last",
         action="store_true",
@@ -183,25 +209,56 @@ def main(argv: list[str] | None = None) -> int:
         pairs.append(our_pair(args, "ours (bilinear/avg_pool)", "bilinear", "avg_pool"))
     if args.nvlabs_path:
         pairs.append(nvlabs_pair(args))
-    z = torch.randn(args.batch_size, args.z_dim)
-    real = torch.randn(args.batch_size, 3, args.resolution, args.resolution)
+    device = torch.device(args.device)
+    for pair in pairs:
+        pair.generator.to(device)
+        pair.discriminator.to(device)
+    z = torch.randn(args.batch_size, args.z_dim, device=device)
+    real = torch.randn(args.batch_size, 3, args.resolution, args.resolution, device=device)
 
     flops = {
         (pair.name, phase): count_flops(lambda p=pair, ph=phase: phase_step(p, ph, z, real))
         for pair in pairs
         for phase in PHASES
     }
+    if args.compile:
+        for pair in pairs:
+            if pair.name.startswith("ours"):
+                pair.generator.compile(dynamic=False)
+                pair.discriminator.compile(dynamic=False)
+
+    def autocast_for(pair):
+        if args.precision != "bf16" or not pair.name.startswith("ours"):
+            return None
+        return lambda: torch.autocast(device.type, dtype=torch.bfloat16)
+
+    def synchronize():
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+
     seconds: dict[tuple[str, str], list[float]] = {key: [] for key in flops}
     for repeat in range(args.warmup + args.repeats):
         for phase in PHASES:
             for pair in pairs if repeat % 2 == 0 else reversed(pairs):
+                synchronize()
                 start = time.perf_counter()
-                phase_step(pair, phase, z, real)
+                phase_step(pair, phase, z, real, autocast=autocast_for(pair))
+                synchronize()
                 if repeat >= args.warmup:
                     seconds[(pair.name, phase)].append(time.perf_counter() - start)
 
+    ops = ""
+    if args.nvlabs_path and device.type == "cuda":
+        from torch_utils.ops import bias_act, upfirdn2d  # NVlabs' modules (their checkout is on sys.path)
+
+        built = bias_act._plugin is not None and upfirdn2d._plugin is not None
+        ops = "; NVlabs' custom CUDA ops " + (
+            "built and used" if built else "NOT built: NVlabs ran its reference ops"
+        )
     print(
-        f"StyleGAN2 {args.resolution} px RGB, batch {args.batch_size}, fp32, z=w={args.z_dim}, "
+        f"StyleGAN2 {args.resolution} px RGB, batch {args.batch_size}, {device.type}, ours {args.precision}"
+        f"{' compiled' if args.compile else ''}, NVlabs {'fp16 top 4 res' if args.nvlabs_fp16 else 'fp32'}{ops}, "
+        f"z=w={args.z_dim}, "
         f"{args.mapping_layers} mapping layers, channel_base {args.channel_base}, channel_max {args.channel_max}; "
         f"torch {torch.__version__}, {torch.get_num_threads()} threads; medians of {args.repeats} repeats "
         "(min-max), images/s"

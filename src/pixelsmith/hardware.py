@@ -25,6 +25,7 @@ from __future__ import annotations
 import logging
 import os
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -74,6 +75,7 @@ class RuntimePlan:
     )
     memory_fraction: float | None = None  # CUDA: torch.cuda.set_per_process_memory_fraction, in (0, 1]
     cuda_alloc_conf: str | None = None  # CUDA: PYTORCH_CUDA_ALLOC_CONF, e.g. "expandable_segments:True"
+    compile_cache_dir: str | None = None  # torch.compile's on-disk cache (compile_cache_dir() when None)
     cuda_graphs: bool = False  # the training iteration captured as CUDA graphs (core/graphs.py)
 
     @property
@@ -336,6 +338,7 @@ def resolve_plan(
         optimizer_impl=optimizer_impl,
         memory_fraction=None if memory_fraction is None else float(memory_fraction),
         cuda_alloc_conf=_get(hardware, "cuda_alloc_conf") or None,
+        compile_cache_dir=_get(hardware, "compile_cache_dir") or None,
         cuda_graphs=flag("cuda_graphs"),
     )
 
@@ -378,6 +381,8 @@ def apply_plan(plan: RuntimePlan) -> None:
     (PYTORCH_CUDA_ALLOC_CONF before CUDA's first allocation, the allocator's run-time setter after) and this process's
     memory fraction (its device is LOCAL_RANK's)."""
     torch.set_float32_matmul_precision(plan.matmul_precision)
+    if plan.compile:
+        use_compile_cache(plan.compile_cache_dir)
     if plan.num_threads is not None:
         # On a shared or oversubscribed CPU, fewer threads than cores can be several times faster: an OpenMP
         # barrier waits for its slowest thread, and a descheduled one stalls every op (README "Style transfer",
@@ -396,9 +401,47 @@ def apply_plan(plan: RuntimePlan) -> None:
     if plan.cuda_alloc_conf:
         if torch.cuda.is_initialized():
             # Too late for the environment variable; the allocator accepts most keys at run time.
-            torch.cuda.memory._set_allocator_settings(plan.cuda_alloc_conf)
+            set_allocator = getattr(torch._C, "_accelerator_setAllocatorSettings", None)
+            if set_allocator is not None:  # torch.cuda.memory's wrapper warns (FutureWarning) on torch 2.11
+                set_allocator(plan.cuda_alloc_conf)
+            else:
+                torch.cuda.memory._set_allocator_settings(plan.cuda_alloc_conf)
         else:
             os.environ["PYTORCH_CUDA_ALLOC_CONF"] = plan.cuda_alloc_conf
     if plan.memory_fraction is not None:
         device = int(os.environ.get("LOCAL_RANK", 0))
         torch.cuda.set_per_process_memory_fraction(plan.memory_fraction, device)
+
+
+COMPILE_CACHE_ENV = "TORCHINDUCTOR_CACHE_DIR"
+
+
+def compile_cache_dir(configured: str | None = None) -> Path:
+    """Where torch.compile keeps what it compiled, across runs: `hardware.compile_cache_dir`, else an inductor cache
+    the user already chose ($TORCHINDUCTOR_CACHE_DIR), else $PIXELSMITH_CACHE/compile or ~/.cache/pixelsmith/compile,
+    beside the FID statistics: a place to see and to clear, instead of torch's default under /tmp that a reboot empties.
+    """
+    if configured:
+        return Path(configured).expanduser()
+    from torch._inductor.runtime.cache_dir_utils import default_cache_dir
+
+    chosen = os.environ.get(COMPILE_CACHE_ENV)
+    # Inductor writes its /tmp default into the variable at first use: that one is not the user's choice.
+    if chosen and os.path.abspath(chosen) != os.path.abspath(default_cache_dir()):
+        return Path(chosen)
+    root = os.environ.get("PIXELSMITH_CACHE")
+    return (Path(root).expanduser() if root else Path.home() / ".cache" / "pixelsmith") / "compile"
+
+
+def use_compile_cache(configured: str | None = None) -> Path:
+    """Point inductor's on-disk caches (FX graphs, AOTAutograd, Triton kernels under it) at `compile_cache_dir`, and
+    make sure the graph caches are on: a second run of the same model loads its graphs instead of compiling them."""
+    directory = compile_cache_dir(configured)
+    directory.mkdir(parents=True, exist_ok=True)
+    os.environ[COMPILE_CACHE_ENV] = str(directory.resolve())
+    import torch._functorch.config as functorch_config
+    import torch._inductor.config as inductor_config
+
+    inductor_config.fx_graph_cache = True
+    functorch_config.enable_autograd_cache = True
+    return directory

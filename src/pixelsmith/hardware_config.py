@@ -77,6 +77,8 @@ class HardwareConfig:
     optimizer_impl: str | None = choice(OptimizerImpl, None)  # Adam: auto | fused | foreach | for_loop
     memory_fraction: float | None = None  # CUDA: torch.cuda.set_per_process_memory_fraction (0, 1]
     cuda_alloc_conf: str | None = None  # CUDA: PYTORCH_CUDA_ALLOC_CONF, e.g. "expandable_segments:True"
+    # torch.compile's on-disk cache, kept across runs; None: $TORCHINDUCTOR_CACHE_DIR, else ~/.cache/pixelsmith/compile
+    compile_cache_dir: str | None = None
 
 
 @dataclass

@@ -290,6 +290,9 @@ def _fit_in(
         k: float(v) for k, v in trainer.callback_metrics.items() if torch.is_tensor(v) and v.numel() == 1
     }
     metrics["iteration"] = float(model.iteration)
+    metrics.update(
+        model.startup.metrics()
+    )  # launch to first iteration, compile and capture (core/startup.py)
     budget = core.time_budget
     # Why training ended, next to how far it got: "max_steps" or "time_budget" (train.time_budget_minutes).
     metrics["stop_reason"] = (

@@ -23,6 +23,7 @@ static buffers every time: the code path the CPU tests compare with a plain eage
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass
 from typing import Any
@@ -59,6 +60,7 @@ class IterationGraphs:
         self._static: dict[tuple, Any] = {}
         self.replays = 0
         self.captures = 0
+        self.last_capture_s = 0.0  # the latest capture's wall time (it synchronises anyway)
         self.disabled_reason: str | None = None  # set when capture failed or was given up mid-run
 
     @property
@@ -106,6 +108,7 @@ class IterationGraphs:
             )
             return iteration(static)
         graph = torch.cuda.CUDAGraph()
+        started = time.perf_counter()
         try:
             # Capturing synchronises on purpose (torch.cuda.graph waits for the device and empties the cache);
             # thread-local capture lets loader threads keep allocating pinned memory meanwhile.
@@ -118,6 +121,7 @@ class IterationGraphs:
             return iteration(static)
         self._graphs[key] = _Captured(graph, result)
         self.captures += 1
+        self.last_capture_s = time.perf_counter() - started
         graph.replay()
         return result
 

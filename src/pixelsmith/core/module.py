@@ -47,6 +47,7 @@ from pixelsmith.core.optim import build_optimizer, optimizer_factory
 from pixelsmith.core.precision import MixedPrecision
 from pixelsmith.core.preemption import PreemptionSignals, stop_message
 from pixelsmith.core.schedules import ScalarSchedule, build_scheduler
+from pixelsmith.core.startup import StartupReport, compile_cache_note
 from pixelsmith.errors import PixelsmithError
 
 log = logging.getLogger(__name__)
@@ -166,6 +167,8 @@ class TrainingCore(L.LightningModule):
         self._schedules: dict[str, ScalarSchedule] = {}
         self._lr_scale_and_betas_power: dict[str, tuple[float, float]] = {}
         self._schedule_setters: dict[str, Callable[[float | torch.Tensor], None]] = {}
+        # Where the start-up went (core/startup.py): compile per network, each plan's first run and capture.
+        self.startup = StartupReport()
 
     # ---- what a subclass provides ------------------------------------------------------------------------------
     def networks(self) -> dict[str, nn.Module]:
@@ -198,11 +201,23 @@ class TrainingCore(L.LightningModule):
         graphs = self._graphs
         if graphs is not None and self._phase_timer is not None:
             graphs.give_up("a profiler (profiler=breakdown|torch) times the phases on the host")
+        # A plan's first run compiles (and waits) anyway: only then is it timed, with a device synchronisation.
+        first_run = self.startup.plan_is_new(plan)
+        if first_run:
+            with host_reads_allowed():
+                self.startup.plan_started(self.device)
         if graphs is None:
             result = self._device_iteration(batch)
         else:
+            captures = graphs.captures
             result = graphs.run(plan, batch, self._device_iteration, reset=self._abandon_iteration)
+            if graphs.captures > captures:
+                self.startup.plan_captured(plan, graphs.last_capture_s)
+        if first_run:
+            with host_reads_allowed():
+                self.startup.plan_ran(plan, self.device)
         self._end_iteration(result.images, result.logs, result.grad_allreduce_calls)
+        self.startup.iteration_done(self.iteration)
 
     def _device_iteration(self, batch: Any) -> IterationResult:
         """The model's iteration and the device half of its end (buffer sync, EMA): what a CUDA graph captures."""
@@ -373,15 +388,25 @@ class TrainingCore(L.LightningModule):
             # FSDP2 refuses non-contiguous parameters and gathers them contiguous anyway; convolutions still pick
             # NHWC kernels from channels_last inputs (prepare_images), so only the weights stay NCHW.
             log.info("strategy=fsdp: channels_last applies to activations only, weights stay contiguous.")
+        # EMA copies only sample and evaluate, at batch sizes of their own, every few hundred iterations: compiled,
+        # they would cost a compile per batch size (and mark the batch dynamic) for work that takes seconds eagerly.
+        averages = {id(ema.model) for _, ema, _ in self._ema_pairs}
+        compiled = [name for name, net in self.networks().items() if id(net) not in averages]
+        if self.core.compile and compiled:
+            self.startup.install()
+            if self.global_rank == 0:
+                log.info("%s", compile_cache_note(_compile_cache_dir(), compiled))
         for name, net in self.networks().items():
             if self.core.channels_last and self._fsdp is None:
                 net.to(memory_format=torch.channels_last)
-            if self.core.compile:
+            if self.core.compile and name in compiled:
                 # nn.Module.compile compiles in place: state_dict keys keep their names (no `_orig_mod.`).
                 mode = _compile_mode_under_graphs(self.core.compile_mode, self.core.cuda_graphs)
                 self.inductor_cuda_graphs = mode in INDUCTOR_CUDA_GRAPH_MODES
                 log.info("Compiling %s (mode=%s)", name, mode)
-                net.compile(mode=mode)
+                # dynamic=False: a batch of another size (the path-length batch, an evaluation) is a static graph of
+                # its own, never a dynamic-shape graph that every later iteration would run slower.
+                net.compile(mode=mode, dynamic=False)
         if self._fsdp is not None:
             # After compile, as torchtitan does (compile per block, then fully_shard).
             self._fsdp.shard_networks(self)
@@ -463,9 +488,22 @@ class TrainingCore(L.LightningModule):
         images = images.to(self.device, non_blocking=True)
         if images.dtype == torch.uint8:
             images = images.float().mul_(1.0 / 127.5).sub_(1.0)
-        if self.core.channels_last and images.ndim == 4:
-            images = images.contiguous(memory_format=torch.channels_last)
-        return images
+        return self.in_network_layout(images)
+
+    def in_network_layout(self, images: torch.Tensor) -> torch.Tensor:
+        """`images` in the networks' memory format with canonical strides. A compiled network guards on strides: real
+        images and G's output must match exactly or D compiles twice. With one channel, channels_last and contiguous
+        tensors address memory alike but differ in the channel stride, which `.contiguous()` leaves as it is."""
+        if not (self.core.channels_last and images.ndim == 4):
+            return images
+        images = images.contiguous(memory_format=torch.channels_last)
+        n, c, h, w = images.shape
+        canonical = (c * h * w, 1, w * c, c)
+        return (
+            images
+            if images.stride() == canonical or n * c * h * w == 0
+            else images.as_strided(images.shape, canonical)
+        )
 
     def count_skipped_files(self, flags: torch.Tensor) -> None:
         """Accumulate the loader's per-item "substituted for an unreadable file" flags into data/skipped_files."""
@@ -828,6 +866,9 @@ class TrainingCore(L.LightningModule):
         self._setup_cuda_graphs()  # after the callbacks' on_train_start (a profiler attaches its timer there)
 
     def on_train_end(self) -> None:
+        if self.core.compile or self._graphs is not None:
+            log.info("%s", self.startup.summary())
+        self.startup.uninstall()
         self.preemption.uninstall()
         if self._graphs is not None and self._graphs.captures:
             log.info(
@@ -995,6 +1036,12 @@ def _schedule_config(name: str, node: Any) -> ScalarScheduleConfig:
             f"e.g. +model.schedules.{name}={{start: 2e-4, final: 5e-5, shape: cosine, horizon_kimg: 20000}}."
         )
     return ScalarScheduleConfig(**given)
+
+
+def _compile_cache_dir() -> str:
+    from torch._inductor.runtime.cache_dir_utils import cache_dir
+
+    return cache_dir()
 
 
 # torch.compile's modes that capture CUDA graphs of their own (cudagraph trees).

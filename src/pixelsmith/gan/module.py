@@ -124,7 +124,7 @@ class GANModule(TrainingCore):
 
     def G_forward(self, z: torch.Tensor, *conditions: torch.Tensor, grad: bool = True) -> torch.Tensor:
         grad_enabled = torch.set_grad_enabled(grad and torch.is_grad_enabled())
-        with self._forward_phase("G_fwd"), grad_enabled, self.autocast():
+        with self._forward_phase("G_fwd"), grad_enabled, self.autocast(), self.startup.network("G"):
             images = self.generator(z, *conditions)
         # Without a gradient no backward holds the images for D: under inductor's CUDA graphs D's replay would
         # overwrite them before D reads them (Dmain's fakes, seen on an H200).
@@ -135,7 +135,8 @@ class GANModule(TrainingCore):
             if self.augment is not None:
                 with self.phase("augment"):
                     images = self.augment(images)
-            logits = self.discriminator(images, *conditions)
+            with self.startup.network("D"):
+                logits = self.discriminator(self.in_network_layout(images), *conditions)
         if reals and self.augment is not None:
             self.augment.observe_real_logits(logits.detach())
         return logits
