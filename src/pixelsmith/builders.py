@@ -56,6 +56,7 @@ def build_core_settings(cfg: DictConfig, plan: RuntimePlan) -> CoreSettings:
         channels_last=plan.channels_last,
         compile=plan.compile,
         compile_mode=plan.compile_mode,
+        compile_scope=plan.compile_scope,
         cuda_graphs=plan.cuda_graphs,
         seed=cfg.seed,
         log_every_n_steps=cfg.train.log_every_n_steps,

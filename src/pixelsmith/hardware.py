@@ -65,6 +65,7 @@ class RuntimePlan:
     channels_last: bool
     compile: bool
     compile_mode: str
+    compile_scope: str
     num_workers: int
     pin_memory: bool
     batch_size: int
@@ -330,6 +331,7 @@ def resolve_plan(
         channels_last=flag("channels_last"),
         compile=flag("compile"),
         compile_mode=str(_get(hardware, "compile_mode") or "default"),
+        compile_scope=str(_get(hardware, "compile_scope") or "auto"),
         num_workers=num_workers if num_workers is not None else 0,
         pin_memory=flag("pin_memory") and accelerator == "cuda",
         batch_size=_get(hardware, "batch_size") or 64,

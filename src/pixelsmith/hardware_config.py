@@ -39,6 +39,12 @@ class MatmulPrecision(StrEnum):  # torch.set_float32_matmul_precision
     MEDIUM = "medium"
 
 
+class CompileScope(StrEnum):  # what torch.compile compiles: each network whole, or the blocks it names
+    AUTO = "auto"
+    NETWORK = "network"
+    BLOCKS = "blocks"
+
+
 class CompileMode(StrEnum):  # torch.compile(mode=...)
     DEFAULT = "default"
     REDUCE_OVERHEAD = "reduce-overhead"
@@ -68,6 +74,9 @@ class HardwareConfig:
     channels_last: bool | None = None
     compile: bool | None = None
     compile_mode: str | None = choice(CompileMode, None)  # default | reduce-overhead | max-autotune
+    # network: each network one graph; blocks: each block a network names (`compile_units()`) its own graph, small
+    # graphs that compile faster; auto: blocks where a network names them
+    compile_scope: str | None = choice(CompileScope, None)
     # Replay each training iteration as CUDA graph(s) (core/graphs.py); on CPU the same code runs uncaptured.
     cuda_graphs: bool | None = None
     num_workers: int | None = None

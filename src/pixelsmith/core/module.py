@@ -70,6 +70,7 @@ class CoreSettings:
     channels_last: bool = False
     compile: bool = False
     compile_mode: str = "default"
+    compile_scope: str = "auto"  # network | blocks (a network's compile_units()) | auto (blocks where named)
     cuda_graphs: bool = False  # hardware.cuda_graphs: the iteration replayed as CUDA graphs (core/graphs.py)
     seed: int = 42
     log_every_n_steps: int = 10
@@ -403,10 +404,17 @@ class TrainingCore(L.LightningModule):
                 # nn.Module.compile compiles in place: state_dict keys keep their names (no `_orig_mod.`).
                 mode = _compile_mode_under_graphs(self.core.compile_mode, self.core.cuda_graphs)
                 self.inductor_cuda_graphs = mode in INDUCTOR_CUDA_GRAPH_MODES
-                log.info("Compiling %s (mode=%s)", name, mode)
+                units = compile_units(net, self.core.compile_scope)
+                log.info(
+                    "Compiling %s (mode=%s, %s)",
+                    name,
+                    mode,
+                    "whole" if units == [net] else f"{len(units)} blocks, each its own graph",
+                )
                 # dynamic=False: a batch of another size (the path-length batch, an evaluation) is a static graph of
                 # its own, never a dynamic-shape graph that every later iteration would run slower.
-                net.compile(mode=mode, dynamic=False)
+                for unit in units:
+                    unit.compile(mode=mode, dynamic=False)
         if self._fsdp is not None:
             # After compile, as torchtitan does (compile per block, then fully_shard).
             self._fsdp.shard_networks(self)
@@ -1036,6 +1044,23 @@ def _schedule_config(name: str, node: Any) -> ScalarScheduleConfig:
             f"e.g. +model.schedules.{name}={{start: 2e-4, final: 5e-5, shape: cosine, horizon_kimg: 20000}}."
         )
     return ScalarScheduleConfig(**given)
+
+
+BLOCK_RECOMPILE_LIMIT = 128
+
+
+def compile_units(network: nn.Module, scope: str) -> list[nn.Module]:
+    """What to compile of `network`: itself (scope network, or a network that names no blocks), or the blocks its
+    `compile_units()` names (scope blocks/auto). Blocks of one class at several resolutions are graphs of their own
+    under one code object: Dynamo's recompile limit is raised to hold them all (else the rest would run eagerly)."""
+    named = getattr(network, "compile_units", None)
+    if scope == "network" or not callable(named):
+        return [network]
+    units = list(named())
+    # Blocks share code objects (one class's forward, or a decorator's wrapper across classes, in G and D alike), and
+    # each block compiles twice (trained, and frozen under the other network's phase): far beyond the limit of 8.
+    torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, BLOCK_RECOMPILE_LIMIT)
+    return units
 
 
 def _compile_cache_dir() -> str:

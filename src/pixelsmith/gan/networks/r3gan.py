@@ -186,6 +186,11 @@ class R3GANGenerator(nn.Module):
         self.main = nn.Sequential(*layers)
         self.to_image = Conv(widths[-1], channels, 1)
 
+    def compile_units(self) -> list[nn.Module]:
+        """Each stage's layers, compiled one by one (`hardware.compile_scope=blocks|auto`): a stage's residual blocks
+        share their shapes, so one compiled graph serves them all."""
+        return [*self.main, self.to_image]
+
     def forward(self, z: Tensor, c: Tensor | None = None) -> Tensor:
         z = z.reshape(z.shape[0], self.z_dim)
         if self.c_dim:
@@ -230,6 +235,10 @@ class R3GANDiscriminator(nn.Module):
                 DiscriminativeBasis(width, embed) if last else Resample(width, widths[index + 1], up=False)
             )
         self.main = nn.Sequential(*layers)
+
+    def compile_units(self) -> list[nn.Module]:
+        """As the generator's: fromRGB and each layer of the stages, one graph per distinct shape."""
+        return [self.from_image, *self.main]
 
     def forward(self, images: Tensor, c: Tensor | None = None) -> Tensor:
         features = self.main(self.from_image(images))

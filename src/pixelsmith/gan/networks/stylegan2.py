@@ -639,6 +639,11 @@ class StyleGAN2Generator(nn.Module):
         # NVlabs runs the mapping network in fp32 whatever the blocks do.
         self.mapping.in_fp32 = num_fp16_res is not None
 
+    def compile_units(self) -> list[nn.Module]:
+        """What `hardware.compile_scope=blocks|auto` compiles, each its own graph: the mapping network and each
+        synthesis block (style mixing stays eager: a few small ops)."""
+        return [self.mapping, *self.synthesis.blocks]
+
     def mix_styles(self, z: Tensor, c: Tensor | None, ws: Tensor) -> Tensor:
         """ws with the layers from a random cutoff on replaced by those of a second latent, with probability
         `style_mixing_prob` (else the cutoff is num_ws: nothing replaced). All on the device: no host read and no
@@ -791,6 +796,11 @@ class StyleGAN2Discriminator(nn.Module):
         self.epilogue_fc = EqualizedLinear(ch(4) * 4 * 4, ch(4), activation=True)
         self.out = EqualizedLinear(ch(4), 1)
         self.epilogue_in_fp32 = num_fp16_res is not None
+
+    def compile_units(self) -> list[nn.Module]:
+        """What `hardware.compile_scope=blocks|auto` compiles, each its own graph: fromRGB, each block, the
+        epilogue's layers (the minibatch-stddev statistic between them stays eager)."""
+        return [self.from_image, *self.blocks, self.epilogue_conv, self.epilogue_fc, self.out]
 
     @_fp32_under_fp16_autocast("from_image_in_fp32")
     def _from_image(self, images: Tensor) -> Tensor:
