@@ -52,6 +52,7 @@ def since_launch() -> float:
 @dataclass
 class PlanTiming:
     first_run_s: float | None = None  # the plan's first iteration (compiling what it calls the first time)
+    compile_s: float = 0.0  # of which torch.compile (the rest: eager kernels, cuDNN autotuning, allocations)
     first_run_at_s: float | None = None  # seconds since launch when that iteration ended
     capture_s: float | None = None  # its CUDA-graph capture
     captured_at_s: float | None = None
@@ -82,6 +83,7 @@ class StartupReport:
         self._graph_breaks_before = 0
         self._installed = False
         self._plan_clock: float | None = None
+        self._compile_at_plan_start = 0.0
 
     # ---- Dynamo's callbacks ----------------------------------------------------------------------------------------
     def install(self) -> None:
@@ -143,17 +145,24 @@ class StartupReport:
     def plan_started(self, device: torch.device) -> None:
         _synchronize(device)
         self._plan_clock = time.perf_counter()
+        self._compile_at_plan_start = sum(self.compile_s.values())
 
     def plan_ran(self, plan: Any, device: torch.device) -> None:
         _synchronize(device)
         seconds = time.perf_counter() - (self._plan_clock or time.perf_counter())
         timing = self.plans.setdefault(plan_label(plan), PlanTiming())
         timing.first_run_s, timing.first_run_at_s = seconds, since_launch()
+        timing.compile_s = sum(self.compile_s.values()) - self._compile_at_plan_start
         self.last_event_at_s = timing.first_run_at_s
+        # What is not compilation is the device's first time through: cuDNN's autotuning of every new convolution
+        # (hardware.cudnn_benchmark), lazy allocations, and the eager phases themselves.
         log.info(
-            "Start-up: plan %s ran for the first time in %.1f s (%.1f s after launch).",
+            "Start-up: plan %s ran for the first time in %.1f s: torch.compile %.1f s, the rest (first kernels, "
+            "cuDNN autotuning, allocations) %.1f s; %.1f s after launch.",
             plan_label(plan),
             seconds,
+            timing.compile_s,
+            max(seconds - timing.compile_s, 0.0),
             timing.first_run_at_s,
         )
 
@@ -192,7 +201,7 @@ class StartupReport:
 
     def summary(self) -> str:
         plans = "; ".join(
-            f"{label}: first run {t.first_run_s:.1f} s"
+            f"{label}: first run {t.first_run_s:.1f} s (compile {t.compile_s:.1f} s)"
             + (f", captured in {t.capture_s:.2f} s" if t.capture_s is not None else "")
             for label, t in self.plans.items()
             if t.first_run_s is not None
@@ -219,6 +228,11 @@ class StartupReport:
         out["startup/graph_breaks"] = float(self.graph_breaks())
         for name, seconds in self.compile_s.items():
             out[f"startup/compile_s/{name}"] = seconds
+        first_runs = [t for t in self.plans.values() if t.first_run_s is not None]
+        out["startup/first_runs_s"] = float(sum(t.first_run_s for t in first_runs))
+        out["startup/first_runs_not_compile_s"] = float(
+            sum(max(t.first_run_s - t.compile_s, 0.0) for t in first_runs)
+        )
         out["startup/captures"] = float(sum(t.capture_s is not None for t in self.plans.values()))
         out["startup/capture_s"] = float(sum(t.capture_s or 0.0 for t in self.plans.values()))
         return out
