@@ -46,7 +46,7 @@ from typing import Any
 
 from benchmarks.child import CHECKOUT, child_env
 
-STAGES = ("tests", "train", "bench", "style", "data")
+STAGES = ("tests", "train", "bench", "startup", "style", "data")
 STAGE_SECONDS = 540.0  # 9 minutes: the GPU machine's limit per command is 10
 RESERVE_SECONDS = 15.0  # kept back from every sub-step: writing the table, a killed child's clean-up
 MIN_STEP_SECONDS = 10.0  # a sub-step offered less than this is skipped (and the row says so)
@@ -511,6 +511,51 @@ def stage_train(args, env: Environment, report: StageReport, deadline: Deadline)
             value=f"{final['eval/best_fid']:.2f} at {final.get('eval/best_iteration'):.0f}",
         )
     report.add(measure="run dir", value=str(run_dir), status="info")
+
+
+# ---- stage: startup --------------------------------------------------------------------------------------------
+TARGET_FIRST_ITERATION_COLD_S = 60.0  # from the command to the first iteration, empty compile cache
+TARGET_FIRST_ITERATION_WARM_S = 20.0
+
+
+def stage_startup(args, env: Environment, report: StageReport, deadline: Deadline) -> None:
+    """`benchmarks.startup` per preset: the first iteration's time after launch (cold, then warm compile cache),
+    compile per network, graphs, recompiles, breaks, captures and the steady img/s; the targets as ratios."""
+    from benchmarks import startup
+
+    rows = startup.CPU_DRY_ROWS if env.dry_run else startup.GPU_ROWS
+    if args.only:
+        rows = tuple(r for r in rows if any(part in r.label for part in args.only))
+    caches = ("cold",) if env.dry_run else ("cold", "warm")
+    end = time.monotonic() + max(deadline.remaining() - RESERVE_SECONDS, 0.0)
+    for row, state, result in startup.measure(rows, caches, report.work, args.step_limit, end):
+        cells = startup.describe(result)
+        metrics = result.get("metrics") or {}
+        first = metrics.get("startup/first_iteration_s")
+        if first is None:
+            status = "skip" if "no time left" in str(result.get("problem")) else "fail"
+        elif env.dry_run:
+            status = "ok"
+        else:
+            target = TARGET_FIRST_ITERATION_COLD_S if state == "cold" else TARGET_FIRST_ITERATION_WARM_S
+            status = "met" if first <= target else "not met"
+        report.add(
+            preset=row.label,
+            cache=state,
+            first_iteration=cells.get("first iteration"),
+            compile=cells.get("compile", cells.get("detail")),
+            counts=cells.get("graphs / recompiles / breaks"),
+            captures=cells.get("captures"),
+            img_per_s=cells.get("img/s (last logged)"),
+            status=status,
+            data=result,
+        )
+        report.write()
+    report.notes.append(
+        f"Targets on an H100-class GPU: the first iteration within {TARGET_FIRST_ITERATION_COLD_S:.0f} s of the command "
+        f"from an empty compile cache, within {TARGET_FIRST_ITERATION_WARM_S:.0f} s from a warm one. The first run of "
+        "each plan is split in the runs' logs into torch.compile and the rest (first kernels, cuDNN autotuning)."
+    )
 
 
 # ---- stage: bench ----------------------------------------------------------------------------------------------
@@ -1078,6 +1123,7 @@ COLUMNS = {
     "tests": ["row", "what", "result", "detail", "status"],
     "train": ["measure", "value", "status"],
     "bench": ["cell", "kind", "img_per_s", "mfu", "gflop_per_iteration", "result", "status"],
+    "startup": ["preset", "cache", "first_iteration", "compile", "counts", "captures", "img_per_s", "status"],
     "style": ["step", "measure", "value", "status"],
     "data": ["measure", "value", "status"],
 }
@@ -1085,9 +1131,112 @@ RUNNERS = {
     "tests": stage_tests,
     "train": stage_train,
     "bench": stage_bench,
+    "startup": stage_startup,
     "style": stage_style,
     "data": stage_data,
 }
+
+
+# ---- --all: the most informative rows of every stage within one time limit ----------------------------------------
+# The GPU tests of fixes made without a GPU (inductor's own CUDA graphs, fp16 path length, captured schedules, the
+# foreach-Adam switch, R3GAN and WGAN-GP under graphs, nvJPEG in training, graphed == eager, bit-exact resume).
+FIX_TESTS = (
+    "reduce-overhead or max-autotune or stylegan2-ada-16-mixed or path_length_captures or train_like_eager or "
+    "resumes_bit or r3gan or wgan or jpeg_zip or style_fast"
+)
+
+
+@dataclass(frozen=True)
+class AllStep:
+    stage: str
+    share: float  # of --time-limit at most; what a step leaves unused goes to the later ones
+    overrides: tuple[tuple[str, Any], ...] = ()
+
+
+ALL_PLAN = (
+    AllStep("tests", 0.30, (("pytest_args", f"-m gpu -k '{FIX_TESTS}'"),)),
+    AllStep("train", 0.15),
+    AllStep("bench", 0.15, (("only", ["DCGAN-64 b64 bf16", "DCGAN-32 b8 bf16"]),)),
+    AllStep("startup", 0.25, (("only", ["stylegan2_paper256", "r3gan_ffhq64", "stylegan2 tiny"]),)),
+    AllStep("style", 1.0),
+)
+SUMMARY_STATUSES = ("met", "not met", "fail", "timeout", "skip")
+
+
+def run_all(args, argv: list[str], out: Path, work: Path, env: Environment) -> int:
+    """Every stage of ALL_PLAN in order, each within its share of what is left; then `all.md`: per stage its time and
+    outcome, and every row that has a target or a failure (measured, target, met / not met / skipped for time)."""
+    import copy
+
+    os.environ.setdefault("PIXELSMITH_CACHE", str(work / "cache"))  # one compile cache for every child
+    total = Deadline(args.time_limit)
+    summary: list[dict[str, Any]] = []
+    for step in ALL_PLAN:
+        budget = min(step.share * args.time_limit, total.remaining() - RESERVE_SECONDS)
+        if budget < MIN_STEP_SECONDS:
+            summary.append(
+                {"stage": step.stage, "row": "whole stage", "value": "", "status": "skipped for time"}
+            )
+            continue
+        stage_args = copy.copy(args)
+        stage_args.stage, stage_args.time_limit = step.stage, budget
+        for key, value in step.overrides:
+            setattr(stage_args, key, value)
+        deadline = Deadline(budget)
+        report = StageReport(
+            stage=step.stage,
+            columns=COLUMNS[step.stage],
+            environment=env,
+            command=shlex.join(["python", "-m", "benchmarks.gpu_check", *argv]) + f"  (stage {step.stage})",
+            time_limit=budget,
+            out=out,
+            work=work / f"{step.stage}_runs",
+            elapsed=deadline.elapsed,
+        )
+        report.work.mkdir(parents=True, exist_ok=True)
+        problem = None
+        try:
+            RUNNERS[step.stage](stage_args, env, report, deadline)
+        except Exception as error:  # noqa: BLE001 - one stage's bug must not cost the others their time
+            problem = f"{type(error).__name__}: {error}"
+            report.notes.append(f"**The stage stopped early**: {problem}")
+        report.write()
+        statuses = [r.get("status") for r in report.rows]
+        worst = "fail" if problem or "fail" in statuses or "timeout" in statuses else "ok"
+        summary.append(
+            {
+                "stage": step.stage,
+                "row": f"whole stage ({report.seconds:.0f} s of {budget:.0f} s)",
+                "value": problem or f"{len(report.rows)} rows in {report.md_path.name}",
+                "status": worst,
+            }
+        )
+        for row in report.rows:
+            if row.get("status") in SUMMARY_STATUSES:
+                # The row's name: its first column, and the second in the wider tables (cell and kind, step and measure).
+                named = 2 if len(report.columns) > 3 else 1
+                label = " ".join(str(row.get(c)) for c in report.columns[:named] if row.get(c) is not None)
+                value = " ".join(
+                    str(row.get(c)) for c in report.columns[named:-1] if row.get(c) not in (None, "")
+                )
+                status = "skipped for time" if row.get("status") == "skip" else row["status"]
+                summary.append({"stage": step.stage, "row": label, "value": value[:300], "status": status})
+    lines = [
+        "# GPU check: all stages",
+        "",
+        f"- device: **{env.device_name}** ({env.device}); torch {env.torch}, CUDA {env.cuda}",
+        f"- command: `{shlex.join(['python', '-m', 'benchmarks.gpu_check', *argv])}`",
+        f"- took {total.elapsed():.0f} s of {args.time_limit:.0f} s",
+        *(["", DRY_RUN_NOTE] if env.dry_run else []),
+        "",
+        "| stage | row | measured | status |",
+        "|---|---|---|---|",
+        *(f"| {r['stage']} | {_cell(r['row'])} | {_cell(r['value'])} | {r['status']} |" for r in summary),
+    ]
+    (out / "all.md").write_text("\n".join(lines) + "\n")
+    (out / "all.json").write_text(json.dumps(summary, indent=2, default=str))
+    print("\n".join(lines), flush=True)
+    return 1 if any(r["status"] in ("fail", "timeout") for r in summary) else 0
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -1097,6 +1246,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
     parser.add_argument("--stage", choices=STAGES, required=False)
+    parser.add_argument(
+        "--all", action="store_true", help="every stage's most informative rows within --time-limit (all.md)"
+    )
     parser.add_argument(
         "--out", default=None, help="where <stage>.md and <stage>.json go (default outputs/gpu_check/<time>)"
     )
@@ -1122,8 +1274,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--stylize-precision", default="32-true", help="style stage: stylize.py's precision")
     parser.add_argument("--child-stylize", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
-    if args.child_stylize is None and args.stage is None:
-        parser.error("--stage is required: one of " + ", ".join(STAGES))
+    if args.child_stylize is None and args.stage is None and not args.all:
+        parser.error("--stage (one of " + ", ".join(STAGES) + ") or --all is required")
     return args
 
 
@@ -1137,9 +1289,11 @@ def main(argv: list[str] | None = None) -> int:
     out = Path(
         args.out or Path("outputs") / "gpu_check" / datetime.now().strftime("%Y-%m-%d_%H-%M-%S")
     ).resolve()
-    work = Path(args.work_dir).resolve() if args.work_dir else out / f"{args.stage}_runs"
+    work = Path(args.work_dir).resolve() if args.work_dir else out / f"{args.stage or 'all'}_runs"
     work.mkdir(parents=True, exist_ok=True)
     env = probe_environment(args.device, work)
+    if args.all:
+        return run_all(args, argv, out, work, env)
     report = StageReport(
         stage=args.stage,
         columns=COLUMNS[args.stage],

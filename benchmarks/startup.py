@@ -81,6 +81,30 @@ CPU_ROWS = (
 )
 
 
+# The CPU dry run of `gpu_check --stage startup`: the tool's logic end to end, at sizes that take seconds.
+CPU_DRY_ROWS = (
+    StartupRow(
+        "stylegan2 tiny",
+        (
+            "model=stylegan2",
+            "model.generator.channel_base=256",
+            "model.generator.channel_max=16",
+            "model.generator.z_dim=16",
+            "model.generator.w_dim=16",
+            "model.generator.mapping_layers=1",
+            "model.discriminator.channel_base=256",
+            "model.discriminator.channel_max=16",
+            "data.limit=64",
+            "data.batch_size=8",
+            "hardware=cpu",
+            "hardware.compile=true",
+            "precision=32-true",
+        ),
+        2,
+    ),
+)
+
+
 def row_command(row: StartupRow, run_dir: Path, cache_dir: Path) -> list[str]:
     return [
         sys.executable,

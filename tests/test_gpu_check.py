@@ -325,3 +325,109 @@ def test_bench_cells_past_the_stage_limit_are_rows_saying_no_time_was_left(tmp_p
     assert {(r["cell"], r["kind"]) for r in ran} >= {
         ("DCGAN-32 b8 bf16-mixed", kind) for kind in gpu_check.KIND_LABELS.values()
     } | {("DCGAN-32 b8 32-true", "template"), ("StyleGAN2-32 tiny b4 bf16-mixed", "template")}
+
+
+# ---- --all and the startup stage ------------------------------------------------------------------------------------
+def test_all_runs_every_stage_in_priority_order_within_its_share_and_summarises_targets(
+    tmp_path, cpu_here, monkeypatch
+):
+    calls = []
+
+    def fake(stage, rows):
+        def runner(args, env, report, deadline):
+            calls.append((stage, round(args.time_limit), args.pytest_args, args.only))
+            for row in rows:
+                report.add(**row)
+
+        return runner
+
+    monkeypatch.setattr(
+        gpu_check,
+        "RUNNERS",
+        {
+            "tests": fake("tests", [{"row": "pytest", "what": "x", "result": "3 passed", "status": "ok"}]),
+            "train": fake(
+                "train", [{"measure": "target: img/s", "value": "0.50x of it", "status": "not met"}]
+            ),
+            "bench": fake("bench", []),
+            "startup": fake(
+                "startup",
+                [
+                    {
+                        "preset": "stylegan2_paper256",
+                        "cache": "cold",
+                        "first_iteration": "41.0 s",
+                        "status": "met",
+                    }
+                ],
+            ),
+            "style": fake(
+                "style", [{"step": "8K", "measure": "folder", "value": "timed out", "status": "timeout"}]
+            ),
+        },
+    )
+    out = tmp_path / "out"
+    code = gpu_check.main(["--all", "--time-limit", "1000", "--out", str(out)])
+    assert code == 1  # the style row timed out
+    assert [c[0] for c in calls] == ["tests", "train", "bench", "startup", "style"]
+    # Shares of the limit: 30% for the fix tests, 15% main job, 15% DCGAN, 25% start-up; style gets what is left.
+    assert [c[1] for c in calls[:4]] == [300, 150, 150, 250] and calls[4][1] > 100
+    assert "reduce-overhead" in calls[0][2] and "r3gan" in calls[0][2] and "jpeg_zip" in calls[0][2]
+    assert calls[3][3] and "stylegan2_paper256" in calls[3][3]
+    summary = (out / "all.md").read_text()
+    assert "| train | target: img/s | 0.50x of it | not met |" in summary
+    assert "| startup | stylegan2_paper256 cold | 41.0 s | met |" in summary
+    assert "| style | 8K folder | timed out | timeout |" in summary
+    assert (out / "tests.md").is_file() and (out / "startup.md").is_file()  # each stage keeps its own table
+
+
+def test_all_with_too_little_time_says_which_stages_were_skipped(tmp_path, cpu_here, monkeypatch):
+    ran = []
+    monkeypatch.setattr(
+        gpu_check,
+        "RUNNERS",
+        {stage: (lambda args, env, report, deadline, s=stage: ran.append(s)) for stage in gpu_check.STAGES},
+    )
+    out = tmp_path / "out"
+    assert gpu_check.main(["--all", "--time-limit", "60", "--out", str(out)]) == 0
+    summary = json.loads((out / "all.json").read_text())
+    skipped = [r["stage"] for r in summary if r["status"] == "skipped for time"]
+    # 60 s: the fix tests get their 30% (18 s); the main job's and DCGAN's 15% (9 s) are too short to start.
+    assert ran[0] == "tests" and {"train", "bench"} <= set(skipped) and set(skipped).isdisjoint(ran)
+
+
+def test_the_startup_stage_tables_each_preset_cold_and_warm_against_the_targets(tmp_path, monkeypatch):
+    from benchmarks import startup
+
+    gpu = Environment("cuda", "NVIDIA H100", "2.14.1", "13.0", 91000, "580", "3.12")
+    monkeypatch.setattr(gpu_check, "probe_environment", lambda choice, work: gpu)
+
+    def canned(rows, caches, work, timeout, deadline=None):
+        seconds = {"cold": 75.0, "warm": 12.0}
+        for row in rows[:1]:
+            for state in caches:
+                metrics = {
+                    "startup/first_iteration_s": seconds[state],
+                    "startup/compile_s": 50.0,
+                    "startup/compile_s/G": 30.0,
+                    "startup/compile_s/D": 20.0,
+                    "startup/graphs": 4.0,
+                    "startup/recompiles": 2.0,
+                    "startup/graph_breaks": 0.0,
+                    "img/s": 300.0,
+                }
+                yield row, state, {"label": row.label, "metrics": metrics}
+        for row in rows[1:2]:
+            yield row, "cold", {"label": row.label, "problem": "skipped: no time left"}
+
+    monkeypatch.setattr(startup, "measure", canned)
+    out = tmp_path / "out"
+    gpu_check.main(["--stage", "startup", "--out", str(out)])
+    _, table = _table(out, "startup")
+    rows = table["rows"]
+    assert [(r["preset"], r["cache"], r["status"]) for r in rows] == [
+        ("stylegan2_paper256", "cold", "not met"),  # 75 s > 60 s from an empty cache
+        ("stylegan2_paper256", "warm", "met"),  # 12 s <= 20 s
+        ("r3gan_ffhq64", "cold", "skip"),
+    ]
+    assert rows[0]["counts"] == "4 / 2 / 0" and "G 30.0 s" in rows[0]["compile"]
