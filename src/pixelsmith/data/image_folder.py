@@ -105,7 +105,7 @@ def decode_cached(path: Path, resolution: int, channels: int, cache_dir: Path | 
     key = f"{path.resolve()}|{stat.st_mtime_ns}|{stat.st_size}|{resolution}|{channels}"
     cached = (cache_dir or decoded_cache_dir()) / f"{hashlib.sha256(key.encode()).hexdigest()[:32]}.npy"
     try:
-        array = np.load(cached)
+        array = np.load(cached, allow_pickle=False)
         if array.shape == (channels, resolution, resolution) and array.dtype == np.uint8:
             return torch.from_numpy(array)
     except (OSError, ValueError):

@@ -10,8 +10,8 @@ Checkpoint contract (what `load_stylizer_from_checkpoint` reads; the style Light
   `stylizer` (TransformerNet kwargs: base_channels, num_residual_blocks, output_activation), `decoder`
   (AdaINDecoder kwargs: width), `loss_net` (pretrained, weights_path; AdaIN without stored encoder only). Missing
   keys mean the defaults; keys starting with "_" (Hydra's `_target_`) are ignored.
-- The file should load with `torch.load(weights_only=True)` (plain containers, tensors, numbers, strings); if it
-  does not, it is loaded with weights_only=False after a warning, since it is the user's own training output.
+- The file must load with `torch.load(weights_only=True)` (plain containers, tensors, numbers, strings); one that
+  does not is refused in one paragraph, never unpickled in full (that can run code: `pixelsmith.safe_load`).
 
 Image handling (choices documented for users in `--help`): EXIF orientation is applied; 16-bit inputs are reduced
 to 8-bit with a warning (`high_bit_depth=refuse` refuses them); transparency is kept: the RGB is stylized and the
@@ -35,6 +35,8 @@ from torch import nn
 
 from pixelsmith.argv_options import parse_key_values
 from pixelsmith.core.precision import AUTOCAST_DTYPES
+from pixelsmith.errors import PixelsmithError
+from pixelsmith.safe_load import load_data_only
 from pixelsmith.style.data import (
     IMAGE_EXTENSIONS,
     ImageNotFoundError,
@@ -76,15 +78,13 @@ def _load_checkpoint_file(path: Path) -> dict[str, Any]:
             f"Checkpoint not found: {path} (resolved: {path.resolve()}). Training writes them to "
             "RUN_DIR/checkpoints/ (last.ckpt is the latest)."
         )
-    try:
-        return torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as error:  # noqa: BLE001  (any unpickling failure: retry the trusted way, loudly)
-        warnings.warn(
-            f"{path} does not load with weights_only=True ({type(error).__name__}); loading it with full pickle "
-            "support. Only do this with checkpoints you trust (your own training runs).",
-            stacklevel=3,
-        )
-        return torch.load(path, map_location="cpu", weights_only=False)
+    # Data only, with no fallback: a checkpoint is a file a user hands us, and full unpickling can run its code.
+    return load_data_only(
+        path,
+        "ckpt_path",
+        "Give a checkpoint written by `python train.py experiment=style_fast` (or style_adain): its run dir's "
+        "checkpoints/last.ckpt.",
+    )
 
 
 def _sub_state(state: dict[str, torch.Tensor], prefix: str) -> dict[str, torch.Tensor]:
@@ -667,6 +667,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         ImageReadError,
         FileNotFoundError,
         DevicesError,
+        PixelsmithError,
     ) as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
