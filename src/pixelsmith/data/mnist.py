@@ -112,6 +112,13 @@ class MNISTDataModule(ImageDataModule):
         self.channels = channels
         self.limit = limit
 
+    def label_classes(self) -> int | None:
+        if not self.labels:
+            return 0
+        with np.load(MNIST_FILE, allow_pickle=False) as npz:
+            labels = npz["labels"][: self.limit] if self.limit else npz["labels"]
+        return int(labels.max()) + 1
+
     def setup(self, stage: str | None = None) -> None:
         if self.train_set is not None:
             return

@@ -205,6 +205,19 @@ class ShardsDataModule(DecodesOnDevice, ImageDataModule):
         if self.is_local:
             self._check_local()
 
+    def check_data(self) -> None:
+        """The set-up's checks, before the run writes anything (ImageDataModule.check_data)."""
+        self.prepare_data()
+
+    def label_classes(self) -> int | None:
+        if not self.use_labels:
+            return 0
+        meta_file = Path(self.path.removeprefix("local:")).expanduser() / "pixelsmith.json"
+        if not (self.is_local and meta_file.is_file()):
+            return None  # remote shards: known only once read
+        classes = _read_json(meta_file, self.path, self.resolution).get("classes")
+        return int(classes) if isinstance(classes, int) else None
+
     def setup(self, stage: str | None = None) -> None:
         if self.train_set is not None:
             return

@@ -35,7 +35,7 @@ from torch import nn
 
 from pixelsmith.argv_options import parse_key_values
 from pixelsmith.core.precision import AUTOCAST_DTYPES
-from pixelsmith.errors import PixelsmithError
+from pixelsmith.errors import PixelsmithError, check_writable_folder
 from pixelsmith.safe_load import load_data_only
 from pixelsmith.style.data import (
     IMAGE_EXTENSIONS,
@@ -602,6 +602,23 @@ def stylize_paths_checks(options: StylizeOptions) -> None:
             raise StylizeInputError(f"{name}={value} must be at least {least} (default: see --help).")
 
 
+def check_destinations(options: StylizeOptions) -> None:
+    """Refuse an output (or export_dir) this process cannot write, at start-up: a read-only filesystem or a file where
+    a folder should be would otherwise fail only when the first image is written."""
+    if options.output is not None:
+        output = Path(options.output)
+        into_folder = output.is_dir() or not output.suffix or Path(options.input or "").is_dir()
+        check_writable_folder(
+            output if into_folder else output.parent,
+            "output",
+            "choose an output you can write (output=<a file or folder on a writable disk>).",
+        )
+    if options.export_dir is not None:
+        check_writable_folder(
+            options.export_dir, "export_dir", "choose a folder you can write (export_dir=...)."
+        )
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or any(a in ("-h", "--help", "help") for a in argv):
@@ -615,6 +632,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             raise StylizeInputError(
                 "input=... and output=... are required (or export_dir=... to only export)."
             )
+        check_destinations(options)  # before the model loads and any image is read: minutes may follow
         model = load_stylizer_from_checkpoint(options.ckpt_path)
         if options.export_dir is not None:
             from pixelsmith.style.export import export_stylizer
