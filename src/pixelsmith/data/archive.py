@@ -285,7 +285,8 @@ class ZipDataModule(DecodesOnDevice, ImageDataModule):
     def label_classes(self) -> int | None:
         if not self.use_labels:
             return 0
-        labels = self._source().label_tensor(self._source().names)
+        source = self._source()
+        labels = source.label_tensor(source.names)
         return int(labels.max()) + 1 if labels is not None and labels.dtype == torch.int64 else None
 
     def _check_resolution(self, source: ArchiveSource) -> None:

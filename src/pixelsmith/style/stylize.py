@@ -269,7 +269,7 @@ def stylize_paths(
     workers: codec processes (default: this process's cores, less one on a CPU device; 0: inline).
     png_compress_level: 0-9 for PNG outputs. jpeg_codec: auto (the device's nvJPEG on CUDA, Pillow otherwise) | pil
     | torchvision (torchvision's decode_jpeg/encode_jpeg on the run's device, libjpeg-turbo on a CPU).
-    compile: auto | true | false: the tiles through torch.compile, one graph per tile shape (`pipeline.compile_tiles`).
+    compile: auto | true | false: full tiles of one declared side through torch.compile (`tiling.stylize_tiled`).
     times: filled with the seconds per stage (decode, copy in, network, blend, copy out, encode).
     summary_out: receives the run's `FolderSummary` (images/s, FLOPs, MFU, failures).
     """
@@ -506,9 +506,10 @@ Options (key=value, defaults in brackets):
   png_compress_level  0-9 for PNG outputs: 1 is several times faster than 6 for ~15% larger files [6]
   jpeg_codec      auto | pil | torchvision: JPEG decoded and encoded on the device (nvJPEG) with auto on a
                   GPU, with Pillow in the workers otherwise [auto]
-  compile         auto | true | false: run the tiles through torch.compile, one graph per tile shape reused
-                  by every image; auto: always on a GPU, on a CPU for 8 or more images (the compile costs about
-                  15 s on 2 cores, then each 2K image runs 1.3x (fp32) to ~3x (bf16) faster) [auto]
+  compile         auto | true | false: run full tiles of one declared side through torch.compile (an image
+                  larger than it is tiled at it, one that fits runs eagerly whole), so an image's pixels never
+                  depend on the images before it; auto: always on a GPU, on a CPU for 8 or more images (the
+                  compile costs about 15 s on 2 cores) [auto]
   export_dir      also write the model to this folder as stylizer.pt (TorchScript) and stylizer.onnx
   export_formats  comma-separated subset of torchscript,onnx [torchscript,onnx]
 
