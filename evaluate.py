@@ -27,7 +27,7 @@ register_detected_profile()  # hardware=auto composes this machine's profile (co
 def main(cfg: DictConfig) -> float | None:
     from pixelsmith.evaluate import evaluate
 
-    return guarded_run(evaluate, cfg, objective="fid")
+    return guarded_run(evaluate, cfg, objective="fid", ends_process=True)
 
 
 if __name__ == "__main__":

@@ -33,7 +33,7 @@ log = logging.getLogger("pixelsmith")
 def main(cfg: DictConfig) -> float | None:
     from pixelsmith.train import run
 
-    return guarded_run(run, cfg, objective=cfg.objective)
+    return guarded_run(run, cfg, objective=cfg.objective, ends_process=True)
 
 
 if __name__ == "__main__":

@@ -23,7 +23,7 @@ LAYERS: list[tuple[str, ...]] = [
     # no Pixelsmith import at all (choices: the schemas' choice fields)
     # (parts: finds the optional model parts at run time, by their part.py, without importing them by name)
     ("errors", "hashing", "launch", "choices", "stylegan2_auto", "parts", "argv_options"),
-    ("paths",),  # where the config tree and data live
+    ("paths", "safe_load"),  # where the config tree and data live; loading user files as data only
     ("core",),  # the training core (loop bookkeeping, optimizers, precision, strategies) and its schemas
     ("hardware_config",),  # the hardware/precision/strategy schemas
     ("hardware",),  # profiles -> the one runtime plan

@@ -40,6 +40,29 @@ BAD_VALUES = [
     ("objective=eval/nonexistent_metric", "objective", "objective=eval/best_fid"),
     ("objective=eval/kid_mean", "objective", "eval.metrics=['fid', 'pr']"),  # kid is not among the metrics
     ("objective=eval/best_fd", "objective", "Did you mean eval/best_fid?"),
+    # A scheduled value obeys its plain key's range over the whole schedule: start, final and the warm-up's start.
+    ("+model.schedules.lr={start:-1,shape:constant}", "model.schedules.lr.start", "lr.start=2.0e-4"),
+    (
+        "+model.schedules.lr={start:2e-4,final:-1e-3,shape:linear,horizon_kimg:10}",
+        "model.schedules.lr.final",
+        "at 0 nothing learns",
+    ),
+    (
+        "+model.schedules.beta2={start:0.99,final:1.5,shape:cosine,horizon_kimg:10}",
+        "model.schedules.beta2.final",
+        "NaN",
+    ),
+    (
+        "+model.schedules.d_lr={start:2e-4,shape:constant,warmup_kimg:1,warmup_start:-1e-4}",
+        "model.schedules.d_lr.warmup_start",
+        "must be > 0",
+    ),
+    (
+        "augment=ada augment.target=null +model.schedules.augment_p={start:0,final:2,shape:linear,horizon_kimg:9}",
+        "model.schedules.augment_p.final",
+        "probability in [0, 1]",
+    ),
+    ("augment=ada augment.max_p=1.5", "augment.max_p", "augment.max_p=1.0"),
 ]
 
 
@@ -52,6 +75,31 @@ def test_each_bad_value_is_named_with_a_valid_one(make_cfg, tmp_path, override, 
     assert f"{key}=" in message or f"{key} is not" in message
     assert fix in message and "1 invalid value" in message
     assert not (tmp_path / "run" / "checkpoints").exists()  # stopped before anything was written
+
+
+def test_a_scheduled_value_and_its_plain_key_share_one_rule(make_cfg):
+    """One range per kind of value: the schedule's table holds the very Range objects the plain keys' rules come
+    from, so the two cannot drift apart; and R3GAN's scheduled gamma is refused below 0 as its plain key is."""
+    from pixelsmith.config import validate
+
+    plain = {rule.key: rule for rule in validate.RULES}
+    for key, name in (
+        ("model.g_optimizer.lr", "lr"),
+        ("model.d_optimizer.lr", "d_lr"),
+        ("model.objective.regularizers.r1.gamma", "gamma"),
+        ("model.objective.gamma", "gamma"),
+        ("model.objective.gp_weight", "gp_weight"),
+        ("augment.initial_p", "augment_p"),
+    ):
+        assert plain[key].ok is validate.scheduled_range(name).ok, (key, name)
+    assert validate.scheduled_range("g_beta1") is validate.scheduled_range("beta2") is validate.ADAM_BETA
+    cfg = make_cfg(
+        "+model.schedules.gamma={start:0.05,final:-0.01,shape:cosine,horizon_kimg:5}", model="r3gan"
+    )
+    with pytest.raises(ConfigValueError, match=r"model.schedules.gamma.final=-0.01 must be >= 0"):
+        validate_config(cfg)
+    with pytest.raises(ConfigValueError, match=r"model.objective.gamma=-0.01 must be >= 0"):
+        validate_config(make_cfg("model.objective.gamma=-0.01", model="r3gan"))
 
 
 def test_all_problems_are_listed_at_once(make_cfg):

@@ -294,7 +294,8 @@ def test_labels_reach_the_objective_in_a_run(tmp_path):
 
 # ---- bad data -----------------------------------------------------------------------------------------------------
 def _with_a_corrupt_member(tmp_path) -> Path:
-    members = {f"00000/img{i:08d}.png": _png(30 * i) for i in range(6)}
+    # Members at the resolution the tests train at (16 px): an archive at another is refused.
+    members = {f"00000/img{i:08d}.png": _png(30 * i, size=16) for i in range(6)}
     members["00000/img00000003.png"] = b"\x89PNG truncated"
     return _zip_of(tmp_path / "bad.zip", members)
 
@@ -306,7 +307,7 @@ def test_a_corrupt_member_is_skipped_once_and_counted(tmp_path, caplog):
             *FAST,
             "data=zip",
             f"data.path={archive}",
-            "data.resolution=32",
+            "data.resolution=16",
             "data.channels=1",
             "data.batch_size=4",
             "max_steps=3",
@@ -325,7 +326,7 @@ def test_a_corrupt_member_is_skipped_once_and_counted(tmp_path, caplog):
 
 def test_a_corrupt_member_stops_an_error_run_before_training_naming_it(tmp_path):
     module = ZipDataModule(
-        str(_with_a_corrupt_member(tmp_path)), resolution=8, on_corrupt="error", batch_size=2
+        str(_with_a_corrupt_member(tmp_path)), resolution=16, on_corrupt="error", batch_size=2
     )
     with pytest.raises(
         ArchiveError,

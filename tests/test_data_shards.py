@@ -33,13 +33,13 @@ def _numbered_images(root: Path, count: int, classes: int = 2) -> Path:
     return root
 
 
-def _shards(tmp_path: Path, count: int = 40, chunk_mb: int = 64) -> Path:
+def _shards(tmp_path: Path, count: int = 40, chunk_mb: int = 64, resolution: int = 8) -> Path:
     dest = tmp_path / "shards"
     prepare(
         PrepareOptions(
             str(_numbered_images(tmp_path / "images", count)),
             str(dest),
-            8,
+            resolution,
             format="shards",
             workers=1,
             progress=False,
@@ -75,14 +75,14 @@ def test_two_processes_with_two_workers_each_see_every_image_exactly_once_per_ep
 def test_a_resumed_run_continues_the_stream_bit_for_bit(tmp_path):
     """6 straight iterations == 3, a resume from last.ckpt, 3 more: the loader's position comes back with it (the
     epoch of 40 images is 10 batches, so a stream restarted from its beginning would train on other images)."""
-    path = _shards(tmp_path)
+    path = _shards(tmp_path, resolution=16)  # the resolution it trains at
     common = [
         *FAST,
         "model.generator.ngf=16",
         "model.discriminator.ndf=16",
         "data=shards",
         f"data.path={path}",
-        "data.resolution=32",
+        "data.resolution=16",
         "data.batch_size=4",
         "data.num_workers=2",
         "train.sample_every_n_steps=0",

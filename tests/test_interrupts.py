@@ -365,3 +365,129 @@ def test_train_py_refuses_another_models_checkpoint_in_one_paragraph_and_a_finis
     assert "model: dcgan in the checkpoint, stylegan2 here" in paragraph
     # The command that wrote the checkpoint, from its run dir's .hydra/overrides.yaml
     assert "the command that wrote it: python train.py" in paragraph and "model.generator.ngf=16" in paragraph
+
+
+# ---- a stop at once is bounded: the watchdog ------------------------------------------------------------------
+def test_the_watchdog_decides_as_the_handlers_do_and_ends_a_run_the_main_thread_cannot_leave(
+    sigint_outside_runs,
+):
+    """In the loop a first Ctrl-C lets the iteration end; the second, or one outside the loop, starts the grace after
+    which the watchdog ends the process (here: records it). Leaving the run in time cancels it."""
+    import threading
+
+    from pixelsmith.core import preemption
+
+    fired: list[str] = []
+    done = threading.Event()
+    signal.signal(signal.SIGINT, lambda signum, frame: None)  # Python's C handler reports it on the wakeup fd
+
+    def force(when: str) -> None:
+        fired.append(when)
+        done.set()
+
+    def wait_until(condition) -> None:
+        for _ in range(500):
+            if condition():
+                return
+            time.sleep(0.01)
+        raise AssertionError("the watchdog never saw the signal")
+
+    watchdog = preemption._Watchdog(0.1, force)
+    try:
+        watchdog.enter_loop([signal.SIGINT, signal.SIGTERM], lambda: False)
+        os.kill(os.getpid(), signal.SIGINT)
+        wait_until(lambda: watchdog._first_seen)
+        assert watchdog._timer is None  # the first one finishes the iteration: nothing to force
+        os.kill(os.getpid(), signal.SIGINT)
+        assert done.wait(30) and fired == [preemption.SECOND_CTRL_C]
+    finally:
+        watchdog.stop()
+
+    patient = preemption._Watchdog(60.0, force)
+    try:
+        os.kill(os.getpid(), signal.SIGINT)  # outside the loop: at once
+        wait_until(lambda: patient._timer is not None)
+    finally:
+        patient.stop()  # the main thread left the run in time
+    assert patient._timer.finished.is_set() and fired == [preemption.SECOND_CTRL_C]  # cancelled, never fired
+
+
+_STUCK_DRIVER = """
+import os, runpy, signal, sys, time
+
+phase, args = sys.argv[1], sys.argv[2:]
+sys.argv = ["train.py", *args]
+
+
+def stuck():
+    # From here the main thread stays in native code that does not return (SIGINT is blocked in it, so the
+    # interpreter cannot run its Python handler there): the second Ctrl-C must end the run anyway.
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    os.kill(os.getpid(), signal.SIGINT)
+    time.sleep(600)
+
+
+from pixelsmith.core import module as core_module
+
+step = core_module.TrainingCore.training_step
+
+
+def first_ctrl_c_in_iteration_2(self, batch, batch_idx):
+    if self.iteration == 1:
+        os.kill(os.getpid(), signal.SIGINT)
+    return step(self, batch, batch_idx)
+
+
+core_module.TrainingCore.training_step = first_ctrl_c_in_iteration_2
+if phase == "save":
+    from pixelsmith.callbacks import checkpoint
+
+    save = checkpoint.IterationCheckpoint._save
+
+    def stuck_in_the_save_of_iteration_2(self, trainer, iteration, periodic):
+        if iteration == 2:
+            stuck()
+        return save(self, trainer, iteration, periodic)
+
+    checkpoint.IterationCheckpoint._save = stuck_in_the_save_of_iteration_2
+else:
+    from pixelsmith.callbacks import evaluation
+
+    evaluate = evaluation.GANEvaluation._evaluate
+
+    def stuck_in_the_evaluation_of_iteration_2(self, trainer, pl_module):
+        if pl_module.iteration == 2:
+            stuck()
+        return evaluate(self, trainer, pl_module)
+
+    evaluation.GANEvaluation._evaluate = stuck_in_the_evaluation_of_iteration_2
+runpy.run_path("train.py", run_name="__main__")
+"""
+
+
+@pytest.mark.slow  # a subprocess: the full run (`pytest --all`) only
+@pytest.mark.parametrize("phase", ["save", "evaluation"])
+def test_a_second_ctrl_c_while_the_main_thread_is_stuck_ends_the_run_at_once(tmp_path, phase):
+    """The fault is injected where the second Ctrl-C hurt: inside the write of last.ckpt, or inside an evaluation, with
+    the main thread in a call that never returns. The watchdog ends the process with status 130 and the paragraph
+    (this test would otherwise wait 600 s and time out); the previous last.ckpt is intact."""
+    driver = tmp_path / "driver.py"
+    driver.write_text(_STUCK_DRIVER)
+    run_dir = tmp_path / "run"
+    settings = [*FAST, *SMALL["dcgan"], *SHORT[:2], "train.checkpoint_every_n_steps=1", "max_steps=6"]
+    if phase == "evaluation":
+        settings += [
+            "eval.every_n_steps=2",
+            "eval.num_samples=40",
+            "eval.batch_size=40",
+            "eval.reference_samples=100",
+            "eval.metrics=[fid]",
+            f"eval.cache_dir={tmp_path / 'cache'}",
+        ]
+    result = run_cli([str(driver), phase, *settings, f"hydra.run.dir={run_dir}"], timeout=300)
+    output = result.stdout + result.stderr
+    assert result.returncode == 130, output[-3000:]
+    assert "Traceback" not in output and "Stopped at once: a second Ctrl-C" in output, output[-3000:]
+    checkpoints = run_dir / "checkpoints"
+    assert _iteration(checkpoints / "last.ckpt") == (1 if phase == "save" else 2)
+    assert f"{checkpoints / 'last.ckpt'} (iteration" in output and "Go on with:" in output

@@ -308,3 +308,40 @@ def test_the_stylize_entry_point_is_installed():
 
     scripts = tomllib.loads((CHECKOUT / "pyproject.toml").read_text())["project"]["scripts"]
     assert scripts["pixelsmith-stylize"] == "pixelsmith.style.stylize:main"
+
+
+def test_a_folders_pixels_do_not_depend_on_the_images_before_it(fast_ckpt, tmp_path, monkeypatch):
+    """compile=true over a folder of more image sizes than torch's recompile limit (lowered to 2 here): every image
+    is written with the pixels it gets stylized alone in a fresh process, and a rerun after a kill (overwrite=false
+    over a half-written folder) redoes the missing ones identically. Only the declared tile shapes are compiled, so
+    no image's path depends on how many shapes came before it (it did: the first 8 sizes compiled, the rest eager)."""
+    import torch._dynamo
+
+    _, net = fast_ckpt
+    monkeypatch.setattr(torch._dynamo.config, "recompile_limit", 2)
+    sizes = [(40, 56), (72, 48), (64, 64), (100, 76), (88, 120), (52, 44)]  # 6 sizes; 3 fit a 64-px tile
+    folder = tmp_path / "in"
+    folder.mkdir()
+    for i, (width, height) in enumerate(sizes):
+        Image.fromarray(photo(width, height, i)).save(folder / f"{i}.png")
+    settings = dict(tile=64, overlap=16, tile_batch=2, compile="true", progress=False, prefetch=False)
+
+    def fresh() -> None:  # a new process's compile state: nothing cached in this one
+        torch._dynamo.reset()
+
+    fresh()
+    written = stylize_paths(net, folder, tmp_path / "folder", **settings)
+    together = {p.name: np.asarray(Image.open(p)) for p in written}
+    assert sorted(together) == [f"{i}.png" for i in range(len(sizes))]
+    for name, pixels in together.items():
+        fresh()
+        alone = stylize_paths(net, folder / name, tmp_path / "alone" / name, **settings)[0]
+        assert np.array_equal(np.asarray(Image.open(alone)), pixels), name
+
+    for name in ("1.png", "3.png", "4.png"):  # killed before these were written
+        (tmp_path / "folder" / name).unlink()
+    fresh()
+    redone = stylize_paths(net, folder, tmp_path / "folder", **settings, overwrite=False)
+    assert sorted(p.name for p in redone) == ["1.png", "3.png", "4.png"]
+    for path in redone:
+        assert np.array_equal(np.asarray(Image.open(path)), together[path.name]), path.name

@@ -10,6 +10,7 @@ import inspect
 import logging
 
 import lightning as L
+from hydra.errors import InstantiationException
 from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
@@ -117,10 +118,20 @@ def build_model(cfg: DictConfig, core: CoreSettings) -> L.LightningModule:
     turn the CoreSettings dataclass into a DictConfig, which then ends up pickled inside checkpoints."""
     kwargs = upgrade_legacy_gan_config(OmegaConf.to_container(cfg.model, resolve=True))
     cls = _locate(kwargs.pop("_target_"))
-    augment = instantiate(cfg.augment) if cfg.get("augment") and cfg.augment.get("_target_") else None
-    if augment is not None:
-        kwargs["augment"] = augment
-    return cls(core=core, **kwargs)
+    try:
+        augment = instantiate(cfg.augment) if cfg.get("augment") and cfg.augment.get("_target_") else None
+        if augment is not None:
+            kwargs["augment"] = augment
+        return cls(core=core, **kwargs)
+    except InstantiationException as err:
+        # Hydra wraps the error of a part the model instantiates (a network refusing its resolution); a
+        # user-fixable one is shown as its own paragraph, not as Hydra's "Error in call to target" traceback.
+        cause: BaseException | None = err
+        while cause is not None and not isinstance(cause, PixelsmithError):
+            cause = cause.__cause__
+        if cause is None:
+            raise
+        raise cause from err
 
 
 LEGACY_GAN_KEYS = ("loss", "r1_gamma", "r1_interval")

@@ -3,7 +3,7 @@
 A PixelsmithError (bad config value, missing file or weights, impossible hardware request) is logged as its message,
 without a traceback, and the process exits with status 2. A run ended by a preemption signal or Ctrl-C
 (core/preemption.py) exits with 128 + the signal's number once its last.ckpt is written (130 for Ctrl-C, also where a
-Ctrl-C stopped it at once), printing the command that resumes; a resume of a checkpoint already at max_steps says so
+Ctrl-C stopped it at once, without waiting for any clean-up), printing the command that resumes; a resume of a checkpoint already at max_steps says so
 and exits with 0 (pixelsmith.resume). In a multirun the failing job writes
 `failed.json` in its dir and returns NaN so the other jobs still run; `pixelsmith.sweep_summary` tabulates them at the
 end. A multirun job whose `hardware=auto` was detected on another machine (a SLURM job composed on the login node)
@@ -28,7 +28,7 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
-from pixelsmith.core.preemption import RunPreempted, StoppedAtOnce
+from pixelsmith.core.preemption import RunPreempted, StoppedAtOnce, allow_forced_exit, exit_now
 from pixelsmith.errors import PixelsmithError
 from pixelsmith.hardware import check_detected_here
 from pixelsmith.launch import global_rank, started_by_lightning_launcher
@@ -140,8 +140,17 @@ def explain_failure(err: BaseException, cfg: DictConfig) -> GPUFailureError | No
     return GPUFailureError(message)
 
 
-def guarded_run(job: Callable[[DictConfig], dict[str, Any]], cfg: DictConfig, objective: str) -> float | None:
+def guarded_run(
+    job: Callable[[DictConfig], dict[str, Any]], cfg: DictConfig, objective: str, ends_process: bool = False
+) -> float | None:
+    """Run `job` as an entry point does (module docstring). `ends_process`: this process is the job's (train.py,
+    evaluate.py), so a stop at once may end it without waiting for clean-up; a caller in a longer-lived process (a
+    test) leaves it False and gets StoppedAtOnce's SystemExit instead."""
     output_dir = Path(cfg.paths.output_dir)
+    if ends_process:
+        # A stop-at-once Ctrl-C that the main thread cannot act on in time (a long native call, a clean-up that
+        # hangs) ends the process from the watchdog with the paragraph below (core/preemption.py).
+        allow_forced_exit(lambda when: stopped_at_once_message(StoppedAtOnce(when), cfg))
     # Run from inside one checkout with another's code and configs (an installed pixelsmith): say so, once.
     if global_rank() == 0 and (trees := describe_trees()) is not None:
         log.warning("%s", trees)
@@ -161,7 +170,10 @@ def guarded_run(job: Callable[[DictConfig], dict[str, Any]], cfg: DictConfig, ob
         log.warning("%s", stopped_at_once_message(err, cfg))
         if _is_multirun():
             _record(output_dir, {"status": "failed", "error": f"stopped at once: {err.when}"})
-        sys.exit(0 if started_by_lightning_launcher() else err.exit_code)
+        code = 0 if started_by_lightning_launcher() else err.exit_code
+        if ends_process:  # at once means now: not after loader or compile workers, threads or atexit clean-up
+            exit_now(code)
+        sys.exit(code)
     except AlreadyFinished as err:
         log.warning("%s", err)
         if _is_multirun():

@@ -31,6 +31,7 @@ from omegaconf import DictConfig, OmegaConf
 from pixelsmith.errors import PixelsmithError
 from pixelsmith.parts import contributed
 from pixelsmith.run_dir import RUN_MARKER
+from pixelsmith.safe_load import UnloadableFileError, needs_full_unpickling, not_data_only_message
 
 
 class CheckpointMismatchError(PixelsmithError):
@@ -47,7 +48,14 @@ class AlreadyFinished(PixelsmithError):
 def load_for_resume(path: Path) -> dict[str, Any]:
     """The checkpoint, memory-mapped (its tensors are not read until used). Pixelsmith checkpoints hold tensors and
     plain containers only; anything else needs full unpickling, which can run code, so weights_only stays on."""
-    return torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+    try:
+        return torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+    except RuntimeError as err:
+        if "mmap can only be used" not in str(err):
+            raise
+    # Not a zip-format file (a legacy torch.save, a bare pickle, text): read whole, still as data only, so that the
+    # refusal says what the file holds rather than calling it truncated.
+    return torch.load(path, map_location="cpu", weights_only=True)
 
 
 def checkpoint_iteration(path: Path) -> int | None:
@@ -81,15 +89,18 @@ def open_checkpoint(ckpt_path: str, auto_resumed: bool = False) -> tuple[Path, d
     try:
         state = load_for_resume(path)
     except Exception as err:
+        if needs_full_unpickling(err):
+            raise UnloadableFileError(
+                not_data_only_message(
+                    "ckpt_path",
+                    path,
+                    err,
+                    "Resume from a checkpoint written by train.py (a run's checkpoints/last.ckpt or step_*.ckpt); a "
+                    "checkpoint from another project needs converting to a plain state dict first.",
+                )
+            ) from err
         # The first sentence: torch's zip-reader errors go on for several more about what may have happened.
         first_line = (str(err).strip().splitlines() or [""])[0].split(". ")[0][:200]
-        if "weights_only" in str(err) or "Unpickl" in type(err).__name__:
-            raise PixelsmithError(
-                f"ckpt_path={ckpt_path!r} does not load as a Pixelsmith checkpoint with "
-                f"torch.load(weights_only=True) ({type(err).__name__}: {first_line}). Resume from a checkpoint "
-                "written by train.py (a run's checkpoints/last.ckpt or step_*.ckpt); a checkpoint from another "
-                "project needs converting to a plain state dict first."
-            ) from err
         raise PixelsmithError(_truncated_message(path, _naming(path, auto_resumed), err, first_line)) from err
     if not isinstance(state, Mapping) or "pixelsmith" not in state or "state_dict" not in state:
         raise PixelsmithError(

@@ -25,7 +25,7 @@ from typing import Any
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 
-from pixelsmith.errors import PixelsmithError
+from pixelsmith.errors import PixelsmithError, check_writable_folder, why_unwritable
 from pixelsmith.launch import global_rank
 
 log = logging.getLogger(__name__)
@@ -54,9 +54,15 @@ class RunDirClaim:
 
 
 def _lock(output_dir: Path) -> int:
-    output_dir.mkdir(parents=True, exist_ok=True)
-    path = output_dir / LOCK_NAME
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        output_dir.mkdir(parents=True, exist_ok=True)
+        fd = os.open(output_dir / LOCK_NAME, os.O_RDWR | os.O_CREAT, 0o644)
+    except OSError as err:  # a read-only filesystem, /proc, a file where a folder should be
+        raise RunDirError(
+            f"The run dir {output_dir} cannot be created or written: {why_unwritable(err)} ({err}). Nothing was "
+            "written. Give the run a writable place: hydra.run.dir=<a folder you can write>, or leave it unset for "
+            "outputs/<task>/runs/<stamp> under a writable working directory."
+        ) from err
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
@@ -167,3 +173,16 @@ class ClaimRunDirFirst(Callback):
             print(f"[pixelsmith] {err}", file=sys.stderr)  # Hydra's logging is not set up yet
             sys.exit(2)
         _held[output_dir.resolve()] = claim
+
+    def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
+        # Hydra creates the sweep dir itself; one it cannot create would end the sweep in an OSError traceback.
+        try:
+            check_writable_folder(
+                str(config.hydra.sweep.dir),
+                "hydra.sweep.dir",
+                "give the sweep a folder you can write (hydra.sweep.dir=...), or leave it unset for outputs/<task>/"
+                "multiruns/<stamp> under a writable working directory.",
+            )
+        except PixelsmithError as err:
+            print(f"[pixelsmith] {err}", file=sys.stderr)
+            sys.exit(2)

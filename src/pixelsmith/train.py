@@ -47,7 +47,7 @@ from pixelsmith.resume import (
     explain_load_error,
     open_checkpoint,
 )
-from pixelsmith.run_dir import claim_run_dir
+from pixelsmith.run_dir import RUN_MARKER, claim_run_dir
 
 log = logging.getLogger(__name__)
 
@@ -182,6 +182,10 @@ def _check_resume_path(ckpt_path: str | None) -> str | None:
     return str(open_checkpoint(ckpt_path)[0]) if ckpt_path is not None else None
 
 
+def _wrote_checkpoint(output_dir: Path) -> bool:
+    return any((output_dir / "checkpoints").glob("*.ckpt"))
+
+
 def _quiet_library_logging() -> None:
     # Lightning installs its own console handler; under Hydra the root logger already prints (and writes train.log),
     # so each Lightning message appeared twice. Route them through the root logger only.
@@ -244,6 +248,15 @@ def _fit_in(
     core = build_core_settings(cfg, plan)
     datamodule = build_datamodule(cfg, plan)
     model = build_model(cfg, core)
+    # The data's own checks (a missing or empty folder, broken or far too small files under data.on_corrupt=error, an
+    # archive at another resolution) and whether the model can take its labels: refused here, the run dir holds
+    # nothing of this run yet and the corrected command can use it. setup() reuses the verdicts.
+    check_data = getattr(datamodule, "check_data", None)
+    if callable(check_data):
+        check_data()
+    check_model_data = getattr(model, "check_data", None)
+    if callable(check_model_data):
+        check_model_data(datamodule)
     if checkpoint is not None:
         check_weights_fit(model, checkpoint, Path(ckpt_path), cfg, auto_resumed)
         del checkpoint  # memory-mapped: Lightning loads it again
@@ -251,9 +264,11 @@ def _fit_in(
         # Before any logger opens it: metrics.csv holds this run's history up to the resumed iteration only.
         align_metrics_with_resume(output_dir / "metrics.csv", resume_iteration)
     trainer = build_trainer(cfg, plan)
+    marker = output_dir / RUN_MARKER
+    claimed_here = trainer.is_global_zero and not marker.exists()
     if trainer.is_global_zero:
         output_dir.mkdir(parents=True, exist_ok=True)
-        (output_dir / "config_resolved.yaml").write_text(OmegaConf.to_yaml(OmegaConf.create(core.run_config)))
+        marker.write_text(OmegaConf.to_yaml(OmegaConf.create(core.run_config)))
         log.info(
             "Run plan: profile=%s device=%s precision=%s strategy=%s nodes=%d devices=%d batch=%s accumulate=%d "
             "-> %s",
@@ -276,6 +291,12 @@ def _fit_in(
             )
     try:
         trainer.fit(model, datamodule=datamodule, ckpt_path=ckpt_path, weights_only=True)
+    except PixelsmithError:
+        # Refused in Lightning's set-up, before a first iteration of this run and a checkpoint: the dir must not
+        # count as holding a run (run_dir.RUN_MARKER), or the corrected command would be refused too.
+        if claimed_here and model.iteration == (resume_iteration or 0) and not _wrote_checkpoint(output_dir):
+            marker.unlink(missing_ok=True)
+        raise
     except Exception as err:
         # Only an error that may be the echo of another rank's death (a failed collective); this rank's own error
         # (a bad value, an out-of-memory) is the one to show.

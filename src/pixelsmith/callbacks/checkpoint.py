@@ -23,7 +23,7 @@ from pathlib import Path
 import lightning as L
 from lightning.pytorch.callbacks import Callback
 
-from pixelsmith.errors import PixelsmithError
+from pixelsmith.errors import PixelsmithError, why_unwritable
 
 log = logging.getLogger(__name__)
 
@@ -119,14 +119,10 @@ def _link_or_copy(source: Path, target: Path) -> None:
 
 
 def _explain_write_error(err: OSError, dirpath: Path) -> CheckpointWriteError:
-    if err.errno == errno.ENOSPC:
-        cause = "the disk is full"
-        fix = "free space there, or put the run elsewhere with hydra.run.dir=... (paths.output_dir)"
-    elif err.errno in (errno.EROFS, errno.EACCES, errno.EPERM):
-        cause = "the directory is read-only for this process"
-        fix = "make it writable, or put the run elsewhere with hydra.run.dir=... (paths.output_dir)"
+    cause = why_unwritable(err)
+    if err.errno in (errno.ENOSPC, errno.EROFS, errno.EACCES, errno.EPERM):
+        fix = f"{'free space there' if err.errno == errno.ENOSPC else 'make it writable'}, or put the run elsewhere with hydra.run.dir=... (paths.output_dir)"
     else:
-        cause = os.strerror(err.errno) if err.errno else str(err)
         fix = "check the path, or put the run elsewhere with hydra.run.dir=..."
     return CheckpointWriteError(
         f"Could not write a checkpoint in {dirpath}: {cause} ({err}). Fix: {fix}, then resume with "

@@ -24,7 +24,7 @@ refuse_renamed_overrides(sys.argv[1:])  # model.loss=..., model.r1_gamma=...: sa
 def main(cfg: DictConfig) -> float | None:
     from pixelsmith.train import run
 
-    return guarded_run(run, cfg, objective=cfg.objective)
+    return guarded_run(run, cfg, objective=cfg.objective, ends_process=True)
 
 
 if __name__ == "__main__":

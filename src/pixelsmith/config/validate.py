@@ -46,33 +46,87 @@ class Rule:
     example: str  # a valid value for the message
 
 
+def _number(v: Any) -> bool:
+    return isinstance(v, int | float) and not isinstance(v, bool)
+
+
 def _positive_int(v: Any) -> bool:
     return isinstance(v, int) and not isinstance(v, bool) and v >= 1
 
 
 def _non_negative(v: Any) -> bool:
-    return isinstance(v, int | float) and not isinstance(v, bool) and v >= 0
+    return _number(v) and v >= 0
 
 
 def _positive(v: Any) -> bool:
-    return isinstance(v, int | float) and not isinstance(v, bool) and v > 0
+    return _number(v) and v > 0
 
 
 def _optional(check: Callable[[Any], bool]) -> Callable[[Any], bool]:
     return lambda v: v is None or check(v)
 
 
+@dataclass(frozen=True)
+class Range:
+    """What one kind of hyper-parameter may be, wherever its value comes from: the plain key
+    (`model.g_optimizer.lr`) and every value a schedule gives it over a run (`model.schedules.lr`) obey the same
+    rule, so a value refused on the command line cannot come back through a schedule."""
+
+    ok: Callable[[Any], bool]
+    requirement: str
+    example: str
+
+    def rule(self, key: str, example: str | None = None) -> Rule:
+        return Rule(key, self.ok, self.requirement, example or self.example)
+
+
+LEARNING_RATE = Range(
+    _positive, "must be > 0 (at 0 nothing learns; a negative learning rate climbs the loss)", "2.0e-4"
+)
+ADAM_BETA = Range(
+    lambda v: _number(v) and 0.0 <= v < 1.0,
+    "must be in [0, 1) (Adam's moment decay; 1 or more makes its bias correction divide by zero: NaN)",
+    "0.99",
+)
+PENALTY_WEIGHT = Range(
+    _non_negative, "must be >= 0 (0 disables it; a negative weight rewards the penalty)", "10.0"
+)
+PROBABILITY = Range(lambda v: _number(v) and 0.0 <= v <= 1.0, "must be a probability in [0, 1]", "0.3")
+# The EMA's half-life: > 0 as a plain key (EMA refuses 0), but a schedule may start at 0 (R3GAN's presets ramp it up
+# from a plain copy of G), so its scheduled values only have to be >= 0.
+EMA_HALF_LIFE = Range(_positive, "must be > 0", "10.0")
+EMA_HALF_LIFE_RAMP = Range(
+    _non_negative, "must be >= 0 (0: the average is a copy of G, as R3GAN's ramp starts)", "500.0"
+)
+
+# model.schedules.<name> -> the range its values obey: the same Range objects as the plain keys they move.
+# `<optimizer>_lr` / `_beta1` / `_beta2` (one optimizer's) take the range of their suffix.
+SCHEDULED_RANGES: dict[str, Range] = {
+    "lr": LEARNING_RATE,
+    "beta1": ADAM_BETA,
+    "beta2": ADAM_BETA,
+    "gamma": PENALTY_WEIGHT,
+    "gp_weight": PENALTY_WEIGHT,
+    "augment_p": PROBABILITY,
+    "ema_half_life_kimg": EMA_HALF_LIFE_RAMP,
+}
+
+
+def scheduled_range(name: str) -> Range | None:
+    """The range of `model.schedules.<name>` (None: a name this table does not know; the model refuses it)."""
+    if name in SCHEDULED_RANGES:
+        return SCHEDULED_RANGES[name]
+    suffix = name.rsplit("_", 1)[-1]
+    return SCHEDULED_RANGES.get(suffix) if suffix in ("lr", "beta1", "beta2") else None
+
+
 def _betas(v: Any) -> bool:
-    return (
-        isinstance(v, list | tuple)
-        and len(v) == 2
-        and all(isinstance(b, int | float) and 0.0 <= b < 1.0 for b in v)
-    )
+    return isinstance(v, list | tuple) and len(v) == 2 and all(ADAM_BETA.ok(b) for b in v)
 
 
 def _optimizer_rules(prefix: str) -> list[Rule]:
     return [
-        Rule(f"{prefix}.lr", _positive, "must be > 0 (a negative learning rate climbs the loss)", "2.0e-4"),
+        LEARNING_RATE.rule(f"{prefix}.lr"),
         Rule(
             f"{prefix}.betas",
             _optional(_betas),
@@ -147,7 +201,9 @@ RULES: list[Rule] = [
     Rule(
         "schedule.total_steps", _optional(_positive_int), "must be at least 1, or null (= max_steps)", "null"
     ),
-    Rule("model.objective.regularizers.r1.gamma", _non_negative, "must be >= 0 (0 disables R1)", "10.0"),
+    PENALTY_WEIGHT.rule("model.objective.regularizers.r1.gamma"),
+    PENALTY_WEIGHT.rule("model.objective.gamma", "0.05"),  # R3GAN's R1 + R2 weight
+    PENALTY_WEIGHT.rule("model.objective.gp_weight"),  # WGAN-GP's gradient penalty
     Rule(
         "model.objective.regularizers.r1.interval",
         _positive_int,
@@ -193,7 +249,7 @@ RULES: list[Rule] = [
         "must be an integer >= 0 (0 = unconditional, else the number of classes of the one-hot labels)",
         "0",
     ),
-    Rule("model.ema.half_life_kimg", _positive, "must be > 0", "10.0"),
+    EMA_HALF_LIFE.rule("model.ema.half_life_kimg"),
     Rule(
         "model.ema.rampup",
         _optional(_positive),
@@ -209,9 +265,22 @@ RULES: list[Rule] = [
         "below it rises whenever D calls more reals real than fake",
         "0.6",
     ),
+    PROBABILITY.rule("augment.initial_p", "0.0"),
+    PROBABILITY.rule("augment.max_p", "1.0"),
     *_optimizer_rules("model.g_optimizer"),
     *_optimizer_rules("model.d_optimizer"),
     *_optimizer_rules("model.optimizer"),
+    Rule(
+        "strategy.timeout_minutes",
+        _positive,
+        "must be > 0 (how long a collective waits for the other processes; at 0 the first one times out)",
+        "30",
+    ),
+    Rule("profiler.every_n_steps", _optional(_positive_int), "must be at least 1, or null", "null"),
+    Rule("profiler.warmup_steps", _non_negative, "must be >= 0", "2"),
+    Rule("profiler.torch_wait", _non_negative, "must be >= 0", "2"),
+    Rule("profiler.torch_warmup", _non_negative, "must be >= 0", "1"),
+    Rule("profiler.torch_active", _positive_int, "must be at least 1 (the iterations recorded)", "3"),
     Rule("eval.every_n_steps", _non_negative, "must be >= 0 (0 = no evaluation during training)", "500"),
     Rule("eval.num_samples", _positive_int, "must be at least 1", "2000"),
     Rule("eval.batch_size", _positive_int, "must be at least 1", "250"),
@@ -294,6 +363,7 @@ def validate_config(cfg: DictConfig) -> None:
                 f"one of {', '.join(scores)} (e.g. eval.monitor=fid)."
             )
     problems += _objective_problems(cfg)
+    problems += _schedule_problems(cfg)
     if problems:
         listed = " ".join(f"({i}) {p}" for i, p in enumerate(problems, 1))
         raise ConfigValueError(
@@ -302,6 +372,33 @@ def validate_config(cfg: DictConfig) -> None:
             "composed config."
         )
     _warn_odd_combinations(cfg)
+
+
+def _schedule_problems(cfg: DictConfig) -> list[str]:
+    """Every value a `model.schedules.<name>` takes over the run obeys the range of the key it moves. Its shapes are
+    monotone from `start` to `final` (constant, linear, half a cosine) after a linear warm-up from `warmup_start`, so
+    those three are its extremes; the structure (shape, horizon, warm-up) is checked as the model builds it."""
+    present, schedules = _lookup(cfg, "model.schedules")
+    if not present or not isinstance(schedules, dict):
+        return []
+    problems = []
+    for name, node in schedules.items():
+        allowed = scheduled_range(str(name))
+        if allowed is None or not isinstance(node, dict) or "start" not in node:
+            continue  # the model refuses a name it cannot schedule, or a node that is no schedule, as it builds
+        ends = {"start": node.get("start")}
+        if node.get("final") is not None:
+            ends["final"] = node["final"]
+        if _number(node.get("warmup_kimg")) and node["warmup_kimg"] > 0:
+            ends["warmup_start"] = node.get("warmup_start", 0.0)
+        for end, value in ends.items():
+            if not allowed.ok(value):
+                problems.append(
+                    f"model.schedules.{name}.{end}={value!r} {allowed.requirement}: a schedule's every value, "
+                    f"{', '.join(f'{k} {v!r}' for k, v in ends.items())} and all between, obeys the rule of the "
+                    f"key it moves; e.g. model.schedules.{name}.{end}={allowed.example}."
+                )
+    return problems
 
 
 def _objective_problems(cfg: DictConfig) -> list[str]:

@@ -266,6 +266,12 @@ class TrainingCore(L.LightningModule):
         for name in self._optimizer_index:
             self._raw_optimizer(name).zero_grad(set_to_none=True)
 
+    def check_data(self, datamodule: Any) -> None:
+        """Refuse data this model cannot train on (labels a conditional model needs, classes beyond its c_dim), at
+        start-up: train.py calls it once the data's own checks passed, before the run writes anything. Nothing to
+        check here; a model with such needs overrides it."""
+        del datamodule
+
     def shard_units(self, name: str, network: nn.Module) -> list[nn.Module]:
         """Under strategy=fsdp: sub-modules of `network` (from `networks()`) to shard as FSDP units of their own,
         innermost first (e.g. a StyleGAN's synthesis blocks). Each unit is gathered just before it runs and freed

@@ -21,6 +21,15 @@ resumes. Ctrl-C where there is no iteration to finish stops at once instead (`St
 the last iteration (the final checkpoint, evaluation and report), or a second Ctrl-C while the first one's iteration
 ends or its checkpoint is written. Every checkpoint is written next to its final name and renamed into place
 (callbacks/checkpoint.py), so stopping in the middle of one leaves the previous `last.ckpt` as it was.
+
+"At once" is bounded, whatever the phase: Python runs a signal handler only when the main thread is back in Python
+code, so one that sits in a long native call (a checkpoint write, an evaluation's forward, a compile, a collective),
+or a clean-up that hangs (loader workers, compile workers), would make the stop wait for it. Under an entry point
+(`allow_forced_exit`) a watchdog thread learns of every signal from the interpreter's wakeup fd, which its C-level
+handler writes at once, and when a Ctrl-C is one that stops at once, it gives the main thread FORCED_EXIT_GRACE_S to
+leave the run, then prints the same paragraph and ends the process with status 130 (`os._exit`: a checkpoint being
+written stays a `.partial` file that the next run removes; the previous `last.ckpt` is intact). The entry point itself
+then exits without waiting for clean-up either (`exit_now`).
 """
 
 from __future__ import annotations
@@ -29,9 +38,11 @@ import logging
 import os
 import signal
 import subprocess
+import sys
 import threading
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
+from typing import NoReturn
 
 import torch
 
@@ -94,21 +105,154 @@ def stop_message(signum: int, iteration: int) -> str:
     )
 
 
+OUTSIDE_THE_LOOP = "Ctrl-C came outside the training loop (during set-up, or after the last iteration)"
+SECOND_CTRL_C = "a second Ctrl-C came before the first one's checkpoint was complete"
+
+
 def _stop_at_once_outside_the_loop(signum: int, frame) -> None:
-    raise StoppedAtOnce("Ctrl-C came outside the training loop (during set-up, or after the last iteration)")
+    raise StoppedAtOnce(OUTSIDE_THE_LOOP)
+
+
+# ---- a stop at once that cannot hang --------------------------------------------------------------------------------
+FORCED_EXIT_GRACE_S = 1.5  # the main thread's time to leave the run after a stop-at-once Ctrl-C
+
+# Set by an entry point (pixelsmith.entry): this process is its to end, and this makes the paragraph it would print.
+# Unset (a run started from Python, a test), nothing ever ends the process from outside the main thread.
+_forced_exit_message: Callable[[str], str] | None = None
+
+
+def allow_forced_exit(message: Callable[[str], str]) -> None:
+    """Let a stop-at-once Ctrl-C end this process when the main thread does not leave the run in time; `message(when)`
+    is the paragraph to print then."""
+    global _forced_exit_message
+    _forced_exit_message = message
+
+
+def exit_now(code: int) -> NoReturn:
+    """End the process with `code` once the logs and the terminal have what was written: no waiting for threads,
+    loader or compile workers, or atexit clean-up, which a stop at once must not wait for."""
+    logging.shutdown()
+    for stream in (sys.stdout, sys.stderr):
+        with suppress(OSError, ValueError):
+            stream.flush()
+    os._exit(code)
+
+
+class _Watchdog:
+    """Reads the signals the interpreter's C-level handler reports on its wakeup fd (at once, whatever the main thread
+    is doing) and decides as the Python handlers do whether a Ctrl-C stops at once; if it does and the main thread has
+    not left the run `grace` seconds later, `force(when)` ends the process."""
+
+    def __init__(self, grace: float, force: Callable[[str], None]):
+        self.grace, self.force = grace, force
+        self._lock = threading.Lock()
+        self._in_loop = False
+        self._loop_signals: set[int] = set()
+        self._training_over: Callable[[], bool] = lambda: False
+        self._first_seen = False
+        self._timer: threading.Timer | None = None
+        self._stopping = False
+        self._read_fd, self._write_fd = os.pipe()
+        os.set_blocking(self._write_fd, False)
+        self._previous_fd = signal.set_wakeup_fd(self._write_fd, warn_on_full_buffer=False)
+        self._thread = threading.Thread(target=self._watch, name="pixelsmith-ctrl-c-watchdog", daemon=True)
+        self._thread.start()
+
+    def enter_loop(self, signals: Sequence[int], training_over: Callable[[], bool]) -> None:
+        with self._lock:
+            self._in_loop, self._loop_signals, self._training_over = True, set(signals), training_over
+
+    def leave_loop(self) -> None:
+        with self._lock:
+            self._in_loop = False
+
+    def _watch(self) -> None:
+        while True:
+            try:
+                data = os.read(self._read_fd, 64)
+            except OSError:
+                return
+            if self._stopping or not data:
+                return
+            for signum in data:
+                self._on_signal(signum)
+
+    def _on_signal(self, signum: int) -> None:
+        with self._lock:
+            if self._in_loop and not self._first_seen and signum in self._loop_signals:
+                over = False
+                try:
+                    over = bool(self._training_over())
+                except Exception:  # the trainer is being torn down: treat it as over
+                    over = True
+                if not over:
+                    self._first_seen = True  # the iteration ends and last.ckpt is written: not at once
+                    return
+            if signum != signal.SIGINT or self._timer is not None:
+                return
+            if not self._in_loop:
+                when = OUTSIDE_THE_LOOP
+            elif self._first_seen:
+                when = SECOND_CTRL_C
+            else:
+                when = "Ctrl-C came after the last iteration (during the final checkpoint, evaluation or samples)"
+            self._timer = threading.Timer(self.grace, self._fire, args=(when,))
+            self._timer.daemon = True
+            self._timer.start()
+
+    def _fire(self, when: str) -> None:
+        if not self._stopping:
+            self.force(when)
+
+    def stop(self) -> None:
+        """The main thread left the run: nothing more to watch (the entry point exits without waiting)."""
+        self._stopping = True
+        if self._timer is not None:
+            self._timer.cancel()
+        signal.set_wakeup_fd(self._previous_fd)
+        with suppress(OSError):
+            os.write(self._write_fd, b"\0")  # wakes the reader, which sees _stopping and returns
+        self._thread.join(timeout=1.0)
+        for fd in (self._read_fd, self._write_fd):
+            with suppress(OSError):
+                os.close(fd)
+
+
+_watchdog: _Watchdog | None = None
+
+
+def _force_exit(when: str) -> None:
+    """The watchdog's end of a run the main thread did not leave in time: the paragraph, then status 130."""
+    message = _forced_exit_message
+    try:
+        text = message(when) if message is not None else f"Stopped at once: {when}."
+    except Exception:  # reading the run dir failed: the cause is still worth saying
+        text = f"Stopped at once: {when}; nothing more was written."
+    try:
+        os.write(2, (text + "\n").encode())
+    finally:
+        os._exit(128 + signal.SIGINT)
 
 
 @contextmanager
 def ctrl_c_stops_at_once(enabled: bool) -> Iterator[None]:
     """Within the block (a run's set-up and its end), Ctrl-C stops at once with StoppedAtOnce; the training loop
-    installs its own handler over this one (PreemptionSignals)."""
+    installs its own handler over this one (PreemptionSignals). Under an entry point (`allow_forced_exit`) the stop
+    is bounded by the watchdog, in the loop too."""
+    global _watchdog
     if not enabled or threading.current_thread() is not threading.main_thread():
         yield
         return
     previous = signal.signal(signal.SIGINT, _stop_at_once_outside_the_loop)
+    watchdog = _watchdog = (
+        _Watchdog(FORCED_EXIT_GRACE_S, _force_exit) if _forced_exit_message is not None else None
+    )
     try:
         yield
     finally:
+        if watchdog is not None:
+            watchdog.stop()
+            _watchdog = None
         signal.signal(signal.SIGINT, previous)
 
 
@@ -128,6 +272,8 @@ class PreemptionSignals:
         self._training_over = training_over or (lambda: False)
         for signum in self.signals:
             self._previous[signum] = signal.signal(signum, self._record)
+        if _watchdog is not None:
+            _watchdog.enter_loop(self.signals, self._training_over)
 
     def uninstall(self) -> None:
         if threading.current_thread() is not threading.main_thread():
@@ -135,10 +281,12 @@ class PreemptionSignals:
         for signum, previous in self._previous.items():
             signal.signal(signum, previous)
         self._previous = {}
+        if _watchdog is not None:
+            _watchdog.leave_loop()
 
     def _record(self, signum: int, frame) -> None:
         if signum == signal.SIGINT and self.received is not None:
-            raise StoppedAtOnce("a second Ctrl-C came before the first one's checkpoint was complete")
+            raise StoppedAtOnce(SECOND_CTRL_C)
         if signum == signal.SIGINT and self._training_over():
             raise StoppedAtOnce(
                 "Ctrl-C came after the last iteration (during the final checkpoint, evaluation or samples)"

@@ -18,6 +18,7 @@ images each stop the run at set-up with one paragraph naming the file and the fi
 from __future__ import annotations
 
 import hashlib
+import io
 import json
 import logging
 import os
@@ -28,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from PIL import Image
 from torch.utils.data import Dataset
 
 from pixelsmith.data.base import ImageDataModule, MirroredDataset, seeded_batches
@@ -125,6 +127,17 @@ class ArchiveSource:
                 "Label every image, or set its labels to null (unconditional data)."
             )
         return labels
+
+    def image_size(self) -> tuple[str, tuple[int, int]] | None:
+        """(member, its width and height) of the first image member whose header reads; None when none does (the
+        member check names them). Reads headers only."""
+        for name in self.names[:16]:
+            try:
+                with Image.open(io.BytesIO(self.read(name))) as image:
+                    return name, image.size
+            except Exception:  # Pillow raises many types for bad data; the set-up's member check reports them
+                continue
+        return None
 
     def label_tensor(self, names: list[str]) -> torch.Tensor | None:
         """The labels of `names` in order: int64 class indices, or float32 vectors."""
@@ -250,6 +263,7 @@ class ZipDataModule(DecodesOnDevice, ImageDataModule):
         self.path, self.resolution, self.channels = path, resolution, channels
         self.use_labels, self.on_corrupt, self.limit, self.mirror = labels, on_corrupt, limit, mirror
         self.broken: dict[str, str] = {}
+        self._readable: list[str] | None = None  # check_data's verdict, reused by setup()
 
     def _source(self) -> ArchiveSource:
         source = ArchiveSource(self.path)
@@ -264,10 +278,34 @@ class ZipDataModule(DecodesOnDevice, ImageDataModule):
         source = self._source()
         check_members(source, ArchiveDataset(source, source.names, self.resolution, self.channels).decode)
 
-    def setup(self, stage: str | None = None) -> None:
-        if self.train_set is not None:
-            return
+    def check_data(self) -> None:
+        """The set-up's checks, before the run writes anything (ImageDataModule.check_data)."""
+        self._readable = self._readable_names()
+
+    def label_classes(self) -> int | None:
+        if not self.use_labels:
+            return 0
         source = self._source()
+        labels = source.label_tensor(source.names)
+        return int(labels.max()) + 1 if labels is not None and labels.dtype == torch.int64 else None
+
+    def _check_resolution(self, source: ArchiveSource) -> None:
+        found = source.image_size()
+        if found is None or found[1] == (self.resolution, self.resolution):
+            return
+        name, (width, height) = found
+        at = f"train at data.resolution={width}, or " if width == height else ""
+        direction = "up" if min(width, height) < self.resolution else "down"
+        raise ArchiveError(
+            f"data.path={str(self.path)!r} holds {width}x{height} images (e.g. {name}), and data.resolution="
+            f"{self.resolution}: every image would be {direction}scaled on every draw. Fix: {at}prepare the "
+            f"archive at this resolution: python prepare.py source={self.path} dest=<new>.zip "
+            f"resolution={self.resolution}."
+        )
+
+    def _readable_names(self) -> list[str]:
+        source = self._source()
+        self._check_resolution(source)
         names = source.names[: self.limit] if self.limit else source.names
         probe = ArchiveDataset(source, names, self.resolution, self.channels)
         self.broken = {n: why for n, why in check_members(source, probe.decode).items() if n in set(names)}
@@ -286,6 +324,13 @@ class ZipDataModule(DecodesOnDevice, ImageDataModule):
         readable = [n for n in names if n not in self.broken]
         if not readable:
             raise DataFolderError(f"None of the {len(names)} images in {self.path} can be read (see above).")
+        return readable
+
+    def setup(self, stage: str | None = None) -> None:
+        if self.train_set is not None:
+            return
+        readable = self._readable if self._readable is not None else self._readable_names()
+        source = self._source()
         labels = source.label_tensor(readable) if self.use_labels else None
         self.set_decoder(self._choose_decoder(readable))
         dataset = ArchiveDataset(

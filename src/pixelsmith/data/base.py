@@ -112,6 +112,16 @@ class ImageDataModule(L.LightningDataModule):
         self.train_set: Dataset | None = None
         self.collate_fn = None  # a subclass's batch maker (encoded images for decoding on the device)
 
+    def check_data(self) -> None:
+        """The data's own start-up checks (a missing folder, unreadable files under data.on_corrupt=error, an archive
+        at another resolution), which train.py runs before the run writes anything, so a refusal leaves the run dir
+        free for the corrected command. Nothing to check here; a source that can fail overrides it."""
+
+    def label_classes(self) -> int | None:
+        """The classes the loader's integer labels span (largest + 1), which a conditional model's c_dim must
+        cover; 0 when it yields no labels, None when that is unknown before reading the data (vector labels)."""
+        return 0
+
     def _start_iteration(self) -> int:
         trainer = self.trainer
         module = trainer.lightning_module if trainer is not None else None

@@ -37,14 +37,18 @@ def check_images(
     decode: Callable[[Path], object],
     cache_dir: Path | None = None,
     workers: int | None = None,
+    context: str = "",
 ) -> dict[Path, str]:
     """The broken files among `files`, each with its reason; `decode(path)` raises for a broken file.
 
-    Verdicts are cached per folder in `cache_dir` (default `$PIXELSMITH_CACHE/image_checks`); a file whose
-    modification time or size changed is checked again. A cache that cannot be written only costs a re-check.
+    Verdicts are cached per folder and `context` (what else the verdict depends on: the image folder's is the
+    training resolution, which decides whether an image is too small) in `cache_dir` (default
+    `$PIXELSMITH_CACHE/image_checks`); a file whose modification time or size changed is checked again. A cache that
+    cannot be written only costs a re-check.
     """
     cache_dir = cache_dir or default_cache_dir()
-    key = hashlib.sha256(str(Path(root).expanduser().resolve()).encode()).hexdigest()[:16]
+    folder = str(Path(root).expanduser().resolve())
+    key = hashlib.sha256((f"{folder}|{context}" if context else folder).encode()).hexdigest()[:16]
     cache_file = cache_dir / f"{key}.json"
     try:
         cached = json.loads(cache_file.read_text())

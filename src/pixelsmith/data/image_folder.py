@@ -34,6 +34,24 @@ class DataFolderError(PixelsmithError, ValueError):
     pass
 
 
+# An image whose shorter side is below 1/SMALL_IMAGE_FACTOR of the training resolution is "far smaller" than it:
+# upscaled more than 4x, it trains as a blur (a 1x1 file became a solid square). The check (set-up of an image folder,
+# prepare.py's inputs) leaves such images out with a warning that counts them, or stops with data.on_corrupt=error.
+SMALL_IMAGE_FACTOR = 4
+
+
+class ImageTooSmallError(ValueError):
+    """An image far smaller than the resolution it would be trained at (SMALL_IMAGE_FACTOR)."""
+
+
+def check_not_too_small(width: int, height: int, resolution: int) -> None:
+    if min(width, height) * SMALL_IMAGE_FACTOR < resolution:
+        raise ImageTooSmallError(
+            f"{width}x{height} px, far smaller than the {resolution}-px training square (shorter side under "
+            f"{-(-resolution // SMALL_IMAGE_FACTOR)} px: upscaled more than {SMALL_IMAGE_FACTOR}x)"
+        )
+
+
 def list_images(root: str | Path, extensions: list[str]) -> list[Path]:
     root = Path(root).expanduser()
     if not root.is_dir():
@@ -105,7 +123,7 @@ def decode_cached(path: Path, resolution: int, channels: int, cache_dir: Path | 
     key = f"{path.resolve()}|{stat.st_mtime_ns}|{stat.st_size}|{resolution}|{channels}"
     cached = (cache_dir or decoded_cache_dir()) / f"{hashlib.sha256(key.encode()).hexdigest()[:32]}.npy"
     try:
-        array = np.load(cached)
+        array = np.load(cached, allow_pickle=False)
         if array.shape == (channels, resolution, resolution) and array.dtype == np.uint8:
             return torch.from_numpy(array)
     except (OSError, ValueError):
@@ -174,41 +192,77 @@ class ImageFolderDataModule(ImageDataModule):
         self.on_corrupt = on_corrupt
         self.limit = limit
         self.broken_files: dict[Path, str] = {}
+        self._usable: list[Path] | None = None  # check_data's verdict, reused by setup()
 
     def prepare_data(self) -> None:
         # Once per machine, before any process group or output exists: list (an empty folder fails here) and check
         # every file, so each rank's setup() below reads the same verdicts from the cache instead of decoding all.
         self._check(self._files())
 
+    def check_data(self) -> None:
+        """The set-up's checks, run by train.py before the run writes anything: a missing or empty folder, broken or
+        far too small images under data.on_corrupt=error, no usable image at all. setup() reuses the verdicts."""
+        self._usable = self._usable_files()
+
     def _files(self) -> list[Path]:
         files = list_images(self.root, self.extensions)
         return files[: self.limit] if self.limit else files
 
     def _check(self, files: list[Path]) -> dict[Path, str]:
-        return check_images(
-            self.root, files, lambda path: decode_cached(path, self.resolution, self.channels)
-        )
+        return check_images(self.root, files, self._decode_checked, context=f"{self.resolution}")
 
-    def setup(self, stage: str | None = None) -> None:
-        if self.train_set is not None:
-            return
+    def _decode_checked(self, path: Path) -> torch.Tensor:
+        with Image.open(path) as img:  # the header: the stored size, before any draft-mode reduction
+            check_not_too_small(*img.size, self.resolution)
+        return decode_cached(path, self.resolution, self.channels)
+
+    def _usable_files(self) -> list[Path]:
         files = self._files()
         self.broken_files = self._check(files)
-        if self.broken_files and self.on_corrupt == "error":
-            shown = "; ".join(f"{path} ({why})" for path, why in list(self.broken_files.items())[:5])
-            more = f" and {len(self.broken_files) - 5} more" if len(self.broken_files) > 5 else ""
+        small = {
+            p: why for p, why in self.broken_files.items() if why.startswith(ImageTooSmallError.__name__)
+        }
+        unreadable = {p: why for p, why in self.broken_files.items() if p not in small}
+        if unreadable and self.on_corrupt == "error":
+            shown = "; ".join(f"{path} ({why})" for path, why in list(unreadable.items())[:5])
+            more = f" and {len(unreadable) - 5} more" if len(unreadable) > 5 else ""
             raise DataFolderError(
-                f"{len(self.broken_files)} of {len(files)} images in data.root={self.root!r} cannot be read: "
+                f"{len(unreadable)} of {len(files)} images in data.root={self.root!r} cannot be read: "
                 f"{shown}{more}. Remove or fix them, or set data.on_corrupt=skip to train on the readable ones "
                 "(each broken file is then reported once and counted in data/skipped_files)."
             )
-        for path, why in self.broken_files.items():
+        if small:
+            example, why = next(iter(small.items()))
+            size = why.split(": ", 1)[-1].split(",")[0]
+            what = (
+                f"{len(small)} of {len(files)} images in data.root={self.root!r} are far smaller than "
+                f"data.resolution={self.resolution} (shorter side under "
+                f"{-(-self.resolution // SMALL_IMAGE_FACTOR)} px, e.g. {example}: {size}): each would be upscaled "
+                f"more than {SMALL_IMAGE_FACTOR}x into a blur"
+            )
+            if self.on_corrupt == "error":
+                raise DataFolderError(
+                    f"{what}. Remove them or lower data.resolution, or set data.on_corrupt=skip to leave them out "
+                    "with a warning."
+                )
+            log.warning(
+                "%s; they are left out of training (counted in data/skipped_files). Remove them, or lower "
+                "data.resolution to train on them; data.on_corrupt=error stops instead.",
+                what,
+            )
+        for path, why in unreadable.items():
             log.warning("Skipping unreadable image %s (%s); it is left out of training.", path, why)
         readable = [f for f in files if f not in self.broken_files]
         if not readable:
             raise DataFolderError(
-                f"None of the {len(files)} images in data.root={self.root!r} can be read (see the warnings above)."
+                f"None of the {len(files)} images in data.root={self.root!r} can be used (see the warnings above)."
             )
+        return readable
+
+    def setup(self, stage: str | None = None) -> None:
+        if self.train_set is not None:
+            return
+        readable = self._usable if self._usable is not None else self._usable_files()
         dataset = ImageFolderDataset(readable, self.resolution, self.channels, self.on_corrupt)
         self.train_set = MirroredDataset(dataset) if self.mirror else dataset
 

@@ -30,7 +30,7 @@ def load_mnist(resolution: int = 32, path: Path = MNIST_FILE) -> tuple[torch.Ten
             f"The embedded MNIST file {path} is missing. It is part of the repository: restore it with "
             "`git checkout -- data/mnist_5k.npz`, or rebuild it with `python -m pixelsmith.data.mnist --rebuild`."
         )
-    with np.load(path) as npz:
+    with np.load(path, allow_pickle=False) as npz:  # data only: an object array would unpickle
         images = torch.from_numpy(npz["images"]).unsqueeze(1)
         labels = torch.from_numpy(npz["labels"]).long()
     if resolution != images.shape[-1]:
@@ -111,6 +111,13 @@ class MNISTDataModule(ImageDataModule):
         self.resolution = resolution
         self.channels = channels
         self.limit = limit
+
+    def label_classes(self) -> int | None:
+        if not self.labels:
+            return 0
+        with np.load(MNIST_FILE, allow_pickle=False) as npz:
+            labels = npz["labels"][: self.limit] if self.limit else npz["labels"]
+        return int(labels.max()) + 1
 
     def setup(self, stage: str | None = None) -> None:
         if self.train_set is not None:

@@ -38,8 +38,8 @@ from PIL import Image, ImageColor, ImageOps, UnidentifiedImageError
 
 from pixelsmith.argv_options import parse_key_values
 from pixelsmith.data.archive import IMAGE_EXTENSIONS, LABELS_FILE, ArchiveError, ArchiveSource
-from pixelsmith.data.image_folder import to_8bit
-from pixelsmith.errors import PixelsmithError
+from pixelsmith.data.image_folder import check_not_too_small, to_8bit
+from pixelsmith.errors import PixelsmithError, UnwritableError, check_writable_folder, why_unwritable
 
 TRANSFORMS = ("center-crop", "center-crop-wide", "pad", "none")
 FILTERS = {
@@ -200,6 +200,7 @@ def convert_image(data: bytes, options: PrepareOptions) -> Image.Image:
     with Image.open(io.BytesIO(data)) as opened:
         opened.load()
         image = ImageOps.exif_transpose(opened)
+    check_not_too_small(*image.size, options.resolution)  # skipped and counted, as an unreadable one
     image = to_8bit(image, stretch=options.high_bit_depth == "stretch")
     if image.mode in ("RGBA", "LA", "PA") or (image.mode == "P" and "transparency" in image.info):
         rgba = image.convert("RGBA")
@@ -403,6 +404,8 @@ def write_shards(items: list[Item], options: PrepareOptions, partial: Path) -> S
                 "encoding": options.encoding,
                 "images": summary.written,
                 "labelled": all(label is not None for label in summary.labels),
+                # What a conditional model's c_dim must cover (largest class index + 1), checked at start-up.
+                "classes": max((label + 1 for label in summary.labels if label is not None), default=0),
             }
         )
     )
@@ -427,6 +430,13 @@ def check_options(options: PrepareOptions) -> str:
     if options.resolution is None or options.resolution < 4:
         raise PrepareError(
             f"resolution={options.resolution}: give the output square's side, at least 4 (e.g. 64)."
+        )
+    if options.resolution & (options.resolution - 1):
+        lower = 1 << (options.resolution.bit_length() - 1)
+        raise PrepareError(
+            f"resolution={options.resolution} is no power of two, and every model here trains at one (DCGAN and "
+            f"StyleGAN2 from 16 px, R3GAN from 4): an archive at {options.resolution} px would be refused at "
+            f"training. Use resolution={lower} or resolution={2 * lower}."
         )
     for name, value, allowed in (
         ("transform", options.transform, TRANSFORMS),
@@ -460,6 +470,13 @@ def prepare(options: PrepareOptions) -> tuple[Summary, Path, list[str] | None]:
     dest = Path(options.dest).expanduser()
     if dest.exists() and not options.overwrite:
         raise PrepareError(f"dest={str(dest)!r} exists; remove it or set overwrite=true to replace it.")
+    # Before any image is read: the dataset is written beside dest under a temporary name, then renamed.
+    check_writable_folder(
+        dest.parent,
+        "dest",
+        "choose a destination you can write (dest=<path on a writable disk>).",
+        options.dest,
+    )
     try:
         items, classes = list_inputs(options.source, options.labels)
     except ArchiveError as err:
@@ -469,7 +486,13 @@ def prepare(options: PrepareOptions) -> tuple[Summary, Path, list[str] | None]:
     dest.parent.mkdir(parents=True, exist_ok=True)
     partial = dest.with_name(f".{dest.name}.{os.getpid()}.partial")
     try:
-        summary = (write_zip if fmt == "zip" else write_shards)(items, options, partial)
+        try:
+            summary = (write_zip if fmt == "zip" else write_shards)(items, options, partial)
+        except OSError as err:  # the disk filled up, or the destination went away, part-way
+            raise UnwritableError(
+                f"dest={dest}: writing the dataset failed, {why_unwritable(err)} ({err}). Nothing was left behind "
+                "(the partial file is removed). Free space there or choose another dest=..., and run it again."
+            ) from err
         if summary.written == 0:
             raise PrepareError(
                 f"None of the {len(items)} images could be prepared; nothing was written. The first: "
@@ -494,7 +517,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         options = parse_key_values(argv, PrepareOptions, PrepareError, "prepare.py")
         summary, dest, classes = prepare(options)
-    except PrepareError as err:
+    except PixelsmithError as err:
         print(f"prepare.py: {err}", file=sys.stderr)
         return 2
     for line in summary.lines(options, dest, classes):

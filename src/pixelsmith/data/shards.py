@@ -53,6 +53,40 @@ except ImportError:  # pragma: no cover - the dev install has it
     _StreamingDataset = object
 
 
+# What prepare.py stores (`{"index": int, "image": bytes, "label": int}`). litdata also has serializers that unpickle
+# ("pickle", "graph:pickle", ...): an index.json naming one would have every loader worker unpickle chunk bytes, which
+# can run any code they carry, so shards whose index declares anything else are refused before a chunk is read.
+DATA_ONLY_FORMATS = frozenset({"int", "bytes"})
+
+
+def _read_json(path: Path, data_path: str, resolution: int) -> dict:
+    try:
+        value = json.loads(path.read_text())
+    except (OSError, ValueError) as err:
+        raise ShardsError(
+            f"{path} (of data.path={data_path!r}) does not read as JSON ({type(err).__name__}: {err}). Rebuild the "
+            f"shards: python prepare.py source=<your images> dest={data_path} format=shards resolution={resolution} "
+            "overwrite=true."
+        ) from None
+    if not isinstance(value, dict):
+        raise ShardsError(f"{path} (of data.path={data_path!r}) holds no JSON object; rebuild the shards.")
+    return value
+
+
+def check_index(index_file: Path, data_path: str, resolution: int) -> None:
+    """Refuse shards whose litdata index declares fields stored other than as data (DATA_ONLY_FORMATS)."""
+    config = _read_json(index_file, data_path, resolution).get("config") or {}
+    formats = config.get("data_format") or []
+    unsafe = sorted({str(f) for f in formats} - DATA_ONLY_FORMATS) if isinstance(formats, list) else ["?"]
+    if unsafe or config.get("item_loader", "PyTreeLoader") != "PyTreeLoader":
+        raise ShardsError(
+            f"The shards in {data_path} declare fields stored as {', '.join(unsafe) or config.get('item_loader')} "
+            f"({index_file}): reading them would unpickle chunk data, which can run any code it carries, so they "
+            "are refused. Pixelsmith's shards hold integers and encoded image bytes only; write them with: python "
+            f"prepare.py source=<your images> dest=<folder> format=shards resolution={resolution}."
+        )
+
+
 class DecodingStreamingDataset(_StreamingDataset):
     """litdata's StreamingDataset whose samples come out decoded: `(image, skipped_flag[, label])`. At module level so
     loader workers started by spawn can unpickle it."""
@@ -68,6 +102,10 @@ class DecodingStreamingDataset(_StreamingDataset):
         **kwargs,
     ):
         super().__init__(*args, **kwargs)
+        # A remote source's index.json is in the local cache now, and no chunk has been read yet.
+        index_file = Path(self.input_dir.path or "") / "index.json"
+        if self.input_dir.path and index_file.is_file():
+            check_index(index_file, str(self.input_dir.url or self.input_dir.path), resolution)
         self.resolution, self.channels, self.decoder = resolution, channels, decoder
         self.use_labels, self.on_corrupt = labels, on_corrupt
         self._last_good: tuple[torch.Tensor, torch.Tensor] | None = None
@@ -144,9 +182,18 @@ class ShardsDataModule(DecodesOnDevice, ImageDataModule):
                 f"data.path={self.path!r} holds no litdata shards (no index.json). Write them with `python "
                 f"prepare.py source=<images> dest={self.path} format=shards resolution={self.resolution}`."
             )
+        check_index(folder / "index.json", self.path, self.resolution)
         meta_file = folder / "pixelsmith.json"
         if meta_file.is_file():
-            meta = json.loads(meta_file.read_text())
+            meta = _read_json(meta_file, self.path, self.resolution)
+            stored = meta.get("resolution")
+            if isinstance(stored, int) and stored != self.resolution:
+                raise ShardsError(
+                    f"The shards in {self.path} hold {stored}x{stored} images, and data.resolution={self.resolution}"
+                    f": every image would be resized on every draw. Train at data.resolution={stored}, or write "
+                    f"shards at this resolution: python prepare.py source=<your images> dest=<new folder> "
+                    f"format=shards resolution={self.resolution}."
+                )
             if self.use_labels and not meta.get("labelled"):
                 raise ShardsError(
                     f"data.labels=true, but the shards in {self.path} were written without labels. Prepare them "
@@ -157,6 +204,19 @@ class ShardsDataModule(DecodesOnDevice, ImageDataModule):
         _litdata()
         if self.is_local:
             self._check_local()
+
+    def check_data(self) -> None:
+        """The set-up's checks, before the run writes anything (ImageDataModule.check_data)."""
+        self.prepare_data()
+
+    def label_classes(self) -> int | None:
+        if not self.use_labels:
+            return 0
+        meta_file = Path(self.path.removeprefix("local:")).expanduser() / "pixelsmith.json"
+        if not (self.is_local and meta_file.is_file()):
+            return None  # remote shards: known only once read
+        classes = _read_json(meta_file, self.path, self.resolution).get("classes")
+        return int(classes) if isinstance(classes, int) else None
 
     def setup(self, stage: str | None = None) -> None:
         if self.train_set is not None:
@@ -176,7 +236,7 @@ class ShardsDataModule(DecodesOnDevice, ImageDataModule):
     def _stores_jpeg(self) -> bool:
         meta_file = Path(self.path.removeprefix("local:")).expanduser() / "pixelsmith.json"
         if self.is_local and meta_file.is_file():
-            return json.loads(meta_file.read_text()).get("encoding") == "jpeg"
+            return _read_json(meta_file, self.path, self.resolution).get("encoding") == "jpeg"
         return False  # unknown (a remote path): the loader workers decode whatever it is
 
     def _dataset(self, input_dir: Any, **extra: Any):

@@ -80,6 +80,76 @@ class GANModule(TrainingCore):
                 "augment.target=null for a scheduled p (R3GAN's presets do)."
             )
         self.add_schedules(schedules)
+        self._check_batch(core)
+
+    def _check_batch(self, core: CoreSettings) -> None:
+        """At start-up (a training run's core carries its config and plan), refuse a micro-batch D's minibatch
+        standard deviation or the objective's draws cannot use, naming the batch sizes that work."""
+        run = core.run_config or {}
+        plan = run.get("runtime_plan") or {}
+        batch = (run.get("data") or {}).get("batch_size") or plan.get("batch_size")
+        processes = int(plan.get("devices") or 1) * int(plan.get("num_nodes") or 1)
+        if not batch or batch % processes:
+            return  # no run config (evaluation, a test's module); an indivisible batch is refused by the data
+        draws = self.objective.real_draws()
+        per_process = batch // processes
+        if per_process % draws:
+            raise PixelsmithError(
+                f"{type(self.objective).__name__} draws {draws} real batches an iteration from one loader batch, so "
+                f"this process's micro-batch (data.batch_size={batch} over {processes} process(es): {per_process}) "
+                f"must be a multiple of {draws}: e.g. data.batch_size={draws * processes * max(1, per_process // draws)}."
+            )
+        seen = per_process // draws  # the images D sees in one forward
+        group = int(getattr(self.discriminator, "mbstd_group_size", 0) or 0)
+        used = min(group, seen)
+        if group <= 1 or (used > 1 and seen % used == 0 and used == group):
+            return
+        key = "model.discriminator.mbstd_group_size"
+        fits = max(g for g in range(1, group + 1) if seen % g == 0)
+        if used > 1 and seen % used == 0:  # fewer images than a group: NVlabs' min(group, batch), said once
+            log.warning(
+                "%s=%d, but D sees %d images per forward (data.batch_size=%d over %d process(es)): its minibatch "
+                "standard deviation is taken over groups of %d (NVlabs' min(group, batch)).",
+                key,
+                group,
+                seen,
+                batch,
+                processes,
+                used,
+            )
+            return
+        why = (
+            "a group of 1 has no spread: the feature would be a constant and D would see no batch statistic"
+            if used == 1
+            else f"NVlabs' StyleGAN2 takes min(group, batch) = {used} images a group and needs the batch to be a "
+            "multiple of it"
+        )
+        raise PixelsmithError(
+            f"{key}={group} does not fit the {seen} images D sees per forward (data.batch_size={batch} over "
+            f"{processes} process(es)): {why}. Use data.batch_size={group * draws * processes * max(1, -(-seen // group))} "
+            f"(a multiple of {group * draws * processes}), or {key}={fits}"
+            + (" to say you mean no batch statistic" if fits == 1 else "")
+            + "."
+        )
+
+    def check_data(self, datamodule: Any) -> None:
+        """A class-conditional model (its objective's or generator's c_dim > 0) needs labels, and labels below c_dim:
+        one_hot would otherwise fail at the first iteration, after sample grids and logs were written."""
+        c_dim = int(getattr(self.objective, "c_dim", 0) or getattr(self.generator, "c_dim", 0) or 0)
+        label_classes = getattr(datamodule, "label_classes", None)
+        classes = label_classes() if callable(label_classes) and c_dim else None
+        if classes == 0:
+            raise PixelsmithError(
+                f"model.generator.c_dim={c_dim} makes the model class-conditional, but the data yields no labels: "
+                "set data.labels=true (labelled data: data=mnist, or an archive prepared from class subfolders), "
+                "or model.generator.c_dim=0 for an unconditional model."
+            )
+        if classes is not None and classes > c_dim:
+            raise PixelsmithError(
+                f"The data's labels span {classes} classes (0..{classes - 1}), but model.generator.c_dim={c_dim} "
+                f"conditions on {c_dim}: a label of {c_dim} or more has no one-hot slot. Set "
+                f"model.generator.c_dim={classes}, or data.labels=false for an unconditional run."
+            )
 
     # ---- TrainingCore contract -----------------------------------------------------------------------------------
     def networks(self) -> dict[str, nn.Module]:

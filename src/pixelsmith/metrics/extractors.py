@@ -22,6 +22,7 @@ from torchmetrics.image.fid import NoTrainInceptionV3
 from pixelsmith.hashing import file_sha256
 from pixelsmith.metrics.protocol import QUANTIZE_PROTOCOL
 from pixelsmith.metrics.weights import MissingWeightsError, resolve_weights_file
+from pixelsmith.safe_load import load_data_only
 
 # The FID Inception weights (TensorFlow's 2015-12-05 graph converted to PyTorch). pytorch-fid names the file
 # pt_inception-...; torch-fidelity (and torchmetrics, which downloads through torch-fidelity) saves the same
@@ -72,6 +73,30 @@ class FeatureExtractor(nn.Module):
         return super().train(False)
 
 
+class _DataOnlyInceptionV3(NoTrainInceptionV3):
+    """torchmetrics' Inception-v3, built without torch-fidelity's own load of the weights file (it unpickles the file
+    in full, `weights_only=False`, which can run code the file carries): its constructor gets an empty state dict
+    of our own making and ignores it, and the caller then loads the weights it read data-only."""
+
+    def __init__(self, features_list: list[str]) -> None:
+        self._constructing = True
+        with tempfile.TemporaryDirectory() as tmp:
+            placeholder = Path(tmp) / "empty.pth"
+            torch.save({}, placeholder)
+            super().__init__(
+                name="inception-v3-compat",
+                features_list=features_list,
+                feature_extractor_weights_path=str(placeholder),
+                antialias=False,
+            )
+        self._constructing = False
+
+    def load_state_dict(self, state_dict, *args, **kwargs):
+        if self.__dict__.get("_constructing"):
+            return None  # the placeholder above; the real weights follow
+        return super().load_state_dict(state_dict, *args, **kwargs)
+
+
 class InceptionFeatureExtractor(FeatureExtractor):
     """The FID Inception-v3, run exactly as torch-fidelity runs it (torchmetrics' NoTrainInceptionV3 wraps it).
 
@@ -102,12 +127,11 @@ class InceptionFeatureExtractor(FeatureExtractor):
             source=INCEPTION_WEIGHTS_SOURCE,
         )
         outputs = [feature_layer] + (["logits_unbiased"] if with_logits else [])
-        self.net = NoTrainInceptionV3(
-            name="inception-v3-compat",
-            features_list=outputs,
-            feature_extractor_weights_path=str(path),
-            antialias=False,
+        state = load_data_only(
+            path, config_key, f"Give the FID Inception-v3 weights file ({INCEPTION_WEIGHTS_SOURCE})."
         )
+        self.net = _DataOnlyInceptionV3(outputs)
+        self.net.load_state_dict(state)
         self.weights_path = path
         self.feature_layer = feature_layer
         self.name = f"inception-v3-fid/{feature_layer}"
@@ -174,7 +198,12 @@ class MnistFeatureExtractor(FeatureExtractor):
                 f"(src/pixelsmith/assets/mnist_extractor.pt); recreate it with "
                 f"`python -m pixelsmith.metrics.train_mnist_extractor`, or pass another file with `{config_key}=`."
             )
-        checkpoint = torch.load(path, map_location="cpu", weights_only=True)
+        checkpoint = load_data_only(
+            path,
+            config_key,
+            "Give the extractor weights Pixelsmith ships (src/pixelsmith/assets/mnist_extractor.pt), or recreate "
+            "them with `python -m pixelsmith.metrics.train_mnist_extractor`.",
+        )
         self.net = MnistDigitNet()
         self.net.load_state_dict(checkpoint["state_dict"])
         self.net.requires_grad_(False)

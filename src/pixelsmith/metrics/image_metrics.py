@@ -26,6 +26,7 @@ from torchmetrics.image import PeakSignalNoiseRatio, StructuralSimilarityIndexMe
 from pixelsmith.metrics.gram import gram_matrix as gram_matrix  # re-exported: an older import place
 from pixelsmith.metrics.gram import style_gram_distance
 from pixelsmith.metrics.weights import resolve_weights_file
+from pixelsmith.safe_load import load_data_only
 
 LPIPS_WEIGHTS_CONFIG_KEY = "metrics.lpips_backbone_weights"
 # LPIPS net name -> (torchvision architecture, its ImageNet weights enum entry); the file names come from there:
@@ -137,7 +138,13 @@ def build_lpips_network(
     lpips = _NoTrainLpips(pretrained=True, net=net, pnet_rand=True)
     if path is not None:
         backbone = getattr(torchvision.models, architecture)(weights=None)
-        backbone.load_state_dict(torch.load(path, map_location="cpu", weights_only=True))
+        backbone.load_state_dict(
+            load_data_only(
+                path,
+                config_key,
+                f"Give torchvision's {architecture} ImageNet weights file as it downloads them.",
+            )
+        )
         features_state = backbone.features.state_dict()
         # torchmetrics splits backbone.features into slices whose children keep their original indices as names.
         remapped = {}

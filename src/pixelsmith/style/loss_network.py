@@ -19,6 +19,7 @@ import torch
 from torch import Tensor, nn
 
 from pixelsmith.errors import PixelsmithError
+from pixelsmith.safe_load import load_data_only
 
 # Layer layouts of torchvision's `vgg16().features` / `vgg19().features` (configs "D" and "E"); "M" is a max-pool.
 # Building only the convolutional part avoids allocating the 120M-parameter classifier we never use.
@@ -141,7 +142,11 @@ def load_vgg_state_dict(arch: str, weights_path: str | Path | None) -> dict[str,
         path = Path(weights_path).expanduser()
         if not path.is_file():
             raise LossNetworkWeightsNotFoundError(missing_weights_message(arch, weights_path))
-        state = torch.load(path, map_location="cpu", weights_only=True)
+        state = load_data_only(
+            path,
+            CONFIG_KEY_WEIGHTS_PATH,
+            f"Give torchvision's {arch} ImageNet weights file as it downloads them (a plain state dict).",
+        )
     else:
         if not torchvision_checkpoint_path(arch).is_file():
             # Checked before calling torchvision: its loader would otherwise start a download.

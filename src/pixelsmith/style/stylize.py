@@ -10,8 +10,8 @@ Checkpoint contract (what `load_stylizer_from_checkpoint` reads; the style Light
   `stylizer` (TransformerNet kwargs: base_channels, num_residual_blocks, output_activation), `decoder`
   (AdaINDecoder kwargs: width), `loss_net` (pretrained, weights_path; AdaIN without stored encoder only). Missing
   keys mean the defaults; keys starting with "_" (Hydra's `_target_`) are ignored.
-- The file should load with `torch.load(weights_only=True)` (plain containers, tensors, numbers, strings); if it
-  does not, it is loaded with weights_only=False after a warning, since it is the user's own training output.
+- The file must load with `torch.load(weights_only=True)` (plain containers, tensors, numbers, strings); one that
+  does not is refused in one paragraph, never unpickled in full (that can run code: `pixelsmith.safe_load`).
 
 Image handling (choices documented for users in `--help`): EXIF orientation is applied; 16-bit inputs are reduced
 to 8-bit with a warning (`high_bit_depth=refuse` refuses them); transparency is kept: the RGB is stylized and the
@@ -35,6 +35,8 @@ from torch import nn
 
 from pixelsmith.argv_options import parse_key_values
 from pixelsmith.core.precision import AUTOCAST_DTYPES
+from pixelsmith.errors import PixelsmithError, check_writable_folder
+from pixelsmith.safe_load import load_data_only
 from pixelsmith.style.data import (
     IMAGE_EXTENSIONS,
     ImageNotFoundError,
@@ -76,15 +78,13 @@ def _load_checkpoint_file(path: Path) -> dict[str, Any]:
             f"Checkpoint not found: {path} (resolved: {path.resolve()}). Training writes them to "
             "RUN_DIR/checkpoints/ (last.ckpt is the latest)."
         )
-    try:
-        return torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as error:  # noqa: BLE001  (any unpickling failure: retry the trusted way, loudly)
-        warnings.warn(
-            f"{path} does not load with weights_only=True ({type(error).__name__}); loading it with full pickle "
-            "support. Only do this with checkpoints you trust (your own training runs).",
-            stacklevel=3,
-        )
-        return torch.load(path, map_location="cpu", weights_only=False)
+    # Data only, with no fallback: a checkpoint is a file a user hands us, and full unpickling can run its code.
+    return load_data_only(
+        path,
+        "ckpt_path",
+        "Give a checkpoint written by `python train.py experiment=style_fast` (or style_adain): its run dir's "
+        "checkpoints/last.ckpt.",
+    )
 
 
 def _sub_state(state: dict[str, torch.Tensor], prefix: str) -> dict[str, torch.Tensor]:
@@ -269,7 +269,7 @@ def stylize_paths(
     workers: codec processes (default: this process's cores, less one on a CPU device; 0: inline).
     png_compress_level: 0-9 for PNG outputs. jpeg_codec: auto (the device's nvJPEG on CUDA, Pillow otherwise) | pil
     | torchvision (torchvision's decode_jpeg/encode_jpeg on the run's device, libjpeg-turbo on a CPU).
-    compile: auto | true | false: the tiles through torch.compile, one graph per tile shape (`pipeline.compile_tiles`).
+    compile: auto | true | false: full tiles of one declared side through torch.compile (`tiling.stylize_tiled`).
     times: filled with the seconds per stage (decode, copy in, network, blend, copy out, encode).
     summary_out: receives the run's `FolderSummary` (images/s, FLOPs, MFU, failures).
     """
@@ -506,9 +506,10 @@ Options (key=value, defaults in brackets):
   png_compress_level  0-9 for PNG outputs: 1 is several times faster than 6 for ~15% larger files [6]
   jpeg_codec      auto | pil | torchvision: JPEG decoded and encoded on the device (nvJPEG) with auto on a
                   GPU, with Pillow in the workers otherwise [auto]
-  compile         auto | true | false: run the tiles through torch.compile, one graph per tile shape reused
-                  by every image; auto: always on a GPU, on a CPU for 8 or more images (the compile costs about
-                  15 s on 2 cores, then each 2K image runs 1.3x (fp32) to ~3x (bf16) faster) [auto]
+  compile         auto | true | false: run full tiles of one declared side through torch.compile (an image
+                  larger than it is tiled at it, one that fits runs eagerly whole), so an image's pixels never
+                  depend on the images before it; auto: always on a GPU, on a CPU for 8 or more images (the
+                  compile costs about 15 s on 2 cores) [auto]
   export_dir      also write the model to this folder as stylizer.pt (TorchScript) and stylizer.onnx
   export_formats  comma-separated subset of torchscript,onnx [torchscript,onnx]
 
@@ -602,6 +603,23 @@ def stylize_paths_checks(options: StylizeOptions) -> None:
             raise StylizeInputError(f"{name}={value} must be at least {least} (default: see --help).")
 
 
+def check_destinations(options: StylizeOptions) -> None:
+    """Refuse an output (or export_dir) this process cannot write, at start-up: a read-only filesystem or a file where
+    a folder should be would otherwise fail only when the first image is written."""
+    if options.output is not None:
+        output = Path(options.output)
+        into_folder = output.is_dir() or not output.suffix or Path(options.input or "").is_dir()
+        check_writable_folder(
+            output if into_folder else output.parent,
+            "output",
+            "choose an output you can write (output=<a file or folder on a writable disk>).",
+        )
+    if options.export_dir is not None:
+        check_writable_folder(
+            options.export_dir, "export_dir", "choose a folder you can write (export_dir=...)."
+        )
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or any(a in ("-h", "--help", "help") for a in argv):
@@ -615,6 +633,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             raise StylizeInputError(
                 "input=... and output=... are required (or export_dir=... to only export)."
             )
+        check_destinations(options)  # before the model loads and any image is read: minutes may follow
         model = load_stylizer_from_checkpoint(options.ckpt_path)
         if options.export_dir is not None:
             from pixelsmith.style.export import export_stylizer
@@ -667,6 +686,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         ImageReadError,
         FileNotFoundError,
         DevicesError,
+        PixelsmithError,
     ) as error:
         print(f"error: {error}", file=sys.stderr)
         return 2

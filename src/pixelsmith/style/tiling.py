@@ -196,7 +196,12 @@ class CompiledTiles:
     def __call__(self, batch: Tensor) -> Tensor:
         if self.failure is None:
             try:
-                return self.compiled(batch)
+                # stylize_tiled sends only the declared tile shapes (two per tile size), so Dynamo's own recompile
+                # limit, shared by every instance of the network's class in the process, must never turn one of
+                # them eager: which shapes ran compiled would then depend on what ran before.
+                limit = max(torch._dynamo.config.recompile_limit, COMPILED_SHAPES_LIMIT)
+                with torch._dynamo.config.patch(recompile_limit=limit):
+                    return self.compiled(batch)
             except torch._dynamo.exc.TorchDynamoException as error:
                 # A stylizer torch.compile cannot take (a fork's own network, an old GPU) still stylizes: eagerly.
                 self.failure = f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}"
@@ -220,6 +225,10 @@ class CompiledTiles:
         with _installed_forwards(self.model, self.forwards):
             yield
 
+
+# The compiled graphs a process may hold for the stylizer (CompiledTiles): a job declares two tile batch shapes, so
+# this many allows a long-lived process (a service, a test session) dozens of tile sizes before Dynamo would stop.
+COMPILED_SHAPES_LIMIT = 64
 
 _compiled_tiles: weakref.WeakKeyDictionary[nn.Module, CompiledTiles] = weakref.WeakKeyDictionary()
 
@@ -304,6 +313,11 @@ PIPELINE_BYTES_PER_PIXEL = 36
 # Estimated peak activation bytes per pixel = this x the largest single layer output per pixel: the input and
 # output of the widest layer, a residual kept alive beside them, and the allocator's slack.
 ACTIVATION_SAFETY = 3.0
+
+
+# tile="auto" under compile: the declared tile side is the planned side rounded down to a power of two, at most this
+# (per device type), so every image of a job tiles with the same side whatever its size (see `stylize_tiled`).
+COMPILED_MAX_AUTO_TILE = {"cpu": CPU_MAX_AUTO_TILE, "cuda": 1024}
 
 
 @dataclass(frozen=True)
@@ -549,8 +563,13 @@ def stylize_tiled(
     pipeline: "device" keeps the image, tiles, blend and output on `device` until one copy back; "host" reads tiles
       from the numpy image one by one (bounded host memory); "auto" = device on CUDA, host otherwise.
     on_tiles_done(done, total): progress callback after every batch. times: filled with the stages' seconds.
-    compile: run the tiles through `compiled_tiles(model)`: one compiled graph per tile batch shape, reused by
-      every later image of the same plan (the first image pays the compile).
+    compile: run the tiles through `compiled_tiles(model)`, for a declared set of shapes only, so that an image's
+      pixels never depend on the images stylized before it: every image larger than the declared tile T (`tile`, or
+      for "auto" the planned side rounded down to a power of two, at most COMPILED_MAX_AUTO_TILE) is cut into T x T
+      tiles, run compiled in batches of `batch_size` and the rest one by one (two graphs per T, compiled by the
+      first image that needs them); an image that fits in one tile, or is narrower than T, runs eagerly whole or in
+      its own tiles, exactly as without compile. Torch's recompile limit (a count over the images seen) then never
+      decides which path an image takes.
     """
     if image.ndim != 3 or image.shape[2] != 3 or image.dtype not in (np.uint8, torch.uint8):
         raise ValueError(f"Expected an (H, W, 3) uint8 array, got shape {image.shape} dtype {image.dtype}.")
@@ -569,7 +588,7 @@ def stylize_tiled(
         image = image.cpu().numpy()
     memory_format = torch.channels_last if channels_last else torch.contiguous_format
     model.eval().to(device=device, memory_format=memory_format)
-    forward = compiled_tiles(model) if compile else model
+    compiled_forward = compiled_tiles(model) if compile else None
     whole = False
     times_requested = times is not None
     times = times if times is not None else StageTimes()
@@ -605,6 +624,9 @@ def stylize_tiled(
                 output_array = np.empty((height, width, 3), dtype=np.uint8)
                 output = torch.from_numpy(output_array)  # shares memory: rows written here land in the array
         single = len(ys) == 1 and len(xs) == 1
+        # Compiled only for the declared shapes: full tiles of the declared side (see the docstring).
+        use_compiled = compiled_forward is not None and not single and tile_h == tile_w == declared_tile
+        forward = compiled_forward if use_compiled else model
         # float32 accumulator for the current tile row (none for a single tile)
         band = torch.zeros(3, tile_h if not single else 0, padded_w, device=work)
         total_tiles, done = len(ys) * len(xs), 0
@@ -614,7 +636,7 @@ def stylize_tiled(
                 thumbnail = make_thumbnail(image, thumbnail_size, multiple).to(
                     device, memory_format=memory_format
                 )
-                if compile:
+                if use_compiled:
                     statistics_context = forward.frozen(record_instance_norm_statistics(model, thumbnail))
                 else:
                     statistics_context = thumbnail_instance_norm(model, thumbnail)
@@ -635,7 +657,12 @@ def stylize_tiled(
                                 )
                             batch = batch.to(device).contiguous(memory_format=memory_format)
                         with times.stage("network", sync):
-                            result = forward(batch).float().to(work)
+                            if use_compiled and len(columns) != batch_size:
+                                # A row's last, short batch: one tile at a time, a second declared shape.
+                                result = torch.cat([forward(batch[k : k + 1]) for k in range(len(columns))])
+                            else:
+                                result = forward(batch)
+                            result = result.float().to(work)
                         if result.shape[-2:] != (tile_h, tile_w):
                             raise ValueError(
                                 f"The model changed the tile size {(tile_h, tile_w)} to {result.shape[-2:]}."
@@ -675,6 +702,28 @@ def stylize_tiled(
             return output.cpu().numpy()
 
     auto = tile == "auto"
+    # A planned tile that did not fit is halved; a tile the user fixed is not second-guessed.
+    halve_on_oom = auto
+    declared_tile = None  # the one tile side compiled tiles have (compile only)
+    if compile:
+        if auto:
+            budget = budget_bytes if budget_bytes is not None else memory_budget(device, memory_fraction)
+            widest = plan_tiles(
+                1 << 20,
+                1 << 20,  # an image too large to fit whole: the plan's tile side for this budget
+                budget_bytes=budget,
+                bytes_per_pixel=bytes_per_pixel(model, device, precision, memory_format=memory_format),
+                batch_size=batch_size,
+                multiple=multiple,
+            ).tile
+            cap = COMPILED_MAX_AUTO_TILE.get(device.type, CPU_MAX_AUTO_TILE)
+            tile = round_up(min(cap, 1 << (max(widest, 16).bit_length() - 1)), multiple)
+            # An image that fits in one tile runs whole, as tile=auto takes it without compile (eagerly here).
+            whole = max(round_up(height, multiple), round_up(width, multiple)) <= tile
+            if not whole:
+                overlap = min(overlap, tile // 4)
+            auto = False  # the side is fixed for the job; no whole-image plan of this image's own
+        declared_tile = round_up(tile, multiple)
     if auto:
         budget = budget_bytes if budget_bytes is not None else memory_budget(device, memory_fraction)
         plan = plan_tiles(
@@ -710,7 +759,7 @@ def stylize_tiled(
         except torch.OutOfMemoryError:
             # The plan is an estimate: an auto tile that did not fit is halved (a fixed tile is the user's call).
             smaller = round_up(max(16, tile // 2), multiple)
-            if not auto or smaller >= tile:
+            if not halve_on_oom or smaller >= tile:
                 raise
             if device.type == "cuda":
                 torch.cuda.empty_cache()
@@ -722,6 +771,8 @@ def stylize_tiled(
                 smaller,
             )
             tile, whole, overlap = smaller, False, min(overlap, smaller // 4)
+            if declared_tile is not None:
+                declared_tile = tile  # an out-of-memory retry declares the smaller side instead
 
 
 def _emit_rows(band: Tensor, output: Tensor, y: int, rows: int, sum_y: Tensor, sum_x: Tensor) -> None:

@@ -7,11 +7,17 @@ import math
 import torch
 from torch import nn
 
+from pixelsmith.errors import ConfigError
+
 
 def _stages(resolution: int) -> int:
     stages = int(math.log2(resolution)) - 2
     if resolution < 16 or 2 ** (stages + 2) != resolution:
-        raise ValueError(f"DCGAN needs a power-of-two resolution >= 16, got {resolution}.")
+        raise ConfigError(
+            f"DCGAN needs a power-of-two resolution >= 16, got {resolution}: set data.resolution="
+            f"{max(16, 1 << max(resolution, 1).bit_length() - 1)} (a dataset prepared at it: python prepare.py ... "
+            "resolution=<the same>)."
+        )
     return stages
 
 

@@ -24,6 +24,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from pixelsmith.errors import ConfigError
 from pixelsmith.gan.networks.fir import fir_downsample_2x, fir_kernel_2d, fir_upsample_2x
 
 NEGATIVE_SLOPE = 0.2
@@ -136,7 +137,10 @@ def _one_hot(labels: Tensor, c_dim: int, dtype: torch.dtype) -> Tensor:
 def _stages(resolution: int, widths: Sequence[int], groups: Sequence[int], blocks: int | Sequence[int]):
     stages = int(round(math.log2(resolution))) - 1
     if resolution < 4 or 2 ** (stages + 1) != resolution:
-        raise ValueError(f"R3GAN: resolution {resolution} must be a power of 2, at least 4.")
+        raise ConfigError(
+            f"R3GAN: resolution {resolution} must be a power of 2, at least 4: set data.resolution="
+            f"{max(4, 1 << max(resolution, 1).bit_length() - 1)} (a dataset prepared at it)."
+        )
     blocks = [blocks] * stages if isinstance(blocks, int) else list(blocks)
     if not len(widths) == len(groups) == len(blocks) == stages:
         raise ValueError(

@@ -42,6 +42,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
+from pixelsmith.errors import ConfigError
 from pixelsmith.gan.networks.conv_input_grad import conv2d
 from pixelsmith.gan.networks.fir import fir_downsample_2x, fir_filter, fir_kernel_2d, fir_upsample_2x
 
@@ -67,7 +68,10 @@ def channels_at_resolution(resolution: int, channel_base: int, channel_max: int)
 
 def _check_architecture(resolution: int, channels: int, channel_base: int, channel_max: int) -> None:
     if resolution < 16 or resolution & (resolution - 1) != 0:
-        raise ValueError(f"resolution must be a power of two >= 16, got {resolution}")
+        raise ConfigError(
+            f"StyleGAN2 needs a resolution that is a power of two >= 16, got {resolution}: set data.resolution="
+            f"{max(16, 1 << max(resolution, 1).bit_length() - 1)} (a dataset prepared at it)."
+        )
     if channels < 1:
         raise ValueError(f"channels must be >= 1 (1 = grayscale, 3 = RGB), got {channels}")
     if channel_max < 1 or channel_base < resolution:

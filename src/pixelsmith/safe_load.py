@@ -1,0 +1,69 @@
+"""Loading the files a user gives us (checkpoints, weights files): as data only, never as code.
+
+`torch.load(weights_only=True)` reads tensors, numbers, strings and plain containers and refuses every other object,
+so a file crafted to run code when it is unpickled (a `__reduce__` that calls `os.system`) is refused, not run. There
+is no fallback to full unpickling anywhere in Pixelsmith: a file that does not load this way stops the run in one
+paragraph naming the key that gave it, why it does not load, and what to give instead. Every checkpoint train.py
+writes loads this way (tests/conftest.py `last_checkpoint` reads them so).
+"""
+
+from __future__ import annotations
+
+import warnings
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from pixelsmith.errors import PixelsmithError
+
+
+class UnloadableFileError(PixelsmithError):
+    """A file a key names does not load as data only (it would need full unpickling), or is truncated or corrupt."""
+
+
+def needs_full_unpickling(err: BaseException) -> bool:
+    """True when torch.load(weights_only=True) refused the file's contents (objects other than data, or not a pickle
+    at all), as opposed to a file that ends early."""
+    return "weights_only" in str(err) or "Unpickl" in type(err).__name__ or isinstance(err, KeyError)
+
+
+def _reason(err: BaseException) -> str:
+    """The line of torch's message that names what was refused ("unsupported GLOBAL posix.system ..."): its first
+    lines advise re-running with weights_only=False, advice a user must not be given for a file of unknown origin."""
+    if isinstance(err, KeyError):  # the unpickler met a byte that is no pickle opcode: text, an image, ...
+        return "not a pickle at all"
+    lines = [line.strip() for line in str(err).splitlines() if line.strip()]
+    specific = [line for line in lines if "GLOBAL" in line or "Unsupported" in line or "load key" in line]
+    chosen = specific[0] if specific else (lines[0] if lines and "Weights only" not in lines[0] else "")
+    return f"{type(err).__name__}: {chosen[:200]}" if chosen else type(err).__name__
+
+
+def not_data_only_message(key: str, path: Path, err: BaseException, advice: str) -> str:
+    return (
+        f"{key}={path} does not load as data only (torch.load(weights_only=True) refused it: {_reason(err)}). It "
+        "holds objects other than tensors, numbers, strings and plain containers, or is not a PyTorch file at all; "
+        "loading it fully would unpickle it, which can run any code the file carries, so Pixelsmith never does. "
+        + advice
+    )
+
+
+def load_data_only(path: str | Path, key: str, advice: str, mmap: bool = False) -> Any:
+    """The file's contents, loaded with weights_only=True (on the CPU), or one paragraph saying why not. `key` is the
+    config key or option that named the file; `advice` says what to give instead."""
+    path = Path(path).expanduser()
+    try:
+        with warnings.catch_warnings():
+            # "Detected pickle protocol 4": noise beside the refusal that follows for such a file.
+            warnings.filterwarnings("ignore", message="Detected pickle protocol")
+            return torch.load(path, map_location="cpu", weights_only=True, mmap=mmap)
+    except FileNotFoundError as err:
+        raise UnloadableFileError(f"{key}={path} does not exist. {advice}") from err
+    except Exception as err:
+        if needs_full_unpickling(err):
+            raise UnloadableFileError(not_data_only_message(key, path, err, advice)) from err
+        first_line = (str(err).strip().splitlines() or [""])[0].split(". ")[0][:200]
+        raise UnloadableFileError(
+            f"{key}={path} looks truncated or corrupt: it does not read as a complete PyTorch file "
+            f"({path.stat().st_size} bytes; {type(err).__name__}: {first_line}). {advice}"
+        ) from err

@@ -1,0 +1,395 @@
+"""The bad-input list: every mistake a user can make at each entry point (train.py, evaluate.py, stylize.py,
+prepare.py), with the words its one-paragraph refusal must contain. One test runs them all and prints how many were
+refused cleanly: a PixelsmithError (or the script's exit status 2 with one line on stderr) naming the cause and the
+fix, no traceback, and for a training run nothing in its run dir that would make the corrected command refuse it.
+
+The train.py config values of tests/test_config_ranges.py are part of the list; the cases here add one per config
+group they did not cover (strategy, profiler, callbacks, logger, experiment, paths, eval) and the data, model and
+destination mistakes that used to end in a traceback or pass without a word.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import io
+import json
+import zipfile
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+from pixelsmith.errors import PixelsmithError
+from pixelsmith.run_dir import RUN_MARKER
+from tests.conftest import FAST, SMALL, compose_config
+from tests.test_config_ranges import BAD_VALUES
+
+
+@dataclass
+class Case:
+    entry: str  # train | evaluate | stylize | prepare
+    name: str
+    args: Callable[
+        [Path], list[str]
+    ]  # overrides (train, evaluate) or key=value arguments, given a scratch folder
+    words: tuple[str, ...]  # what the paragraph must say: the cause and the fix
+
+
+def _png(path: Path, width: int, height: int, level: int = 90) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    Image.fromarray(np.full((height, width, 3), level, dtype=np.uint8)).save(path)
+    return path
+
+
+def _folder_with_a_speck(tmp: Path) -> Path:
+    """Eight 24x24 images and one 1x1: trained at 32 px, the speck would be a solid square."""
+    for i in range(8):
+        _png(tmp / "images" / f"{i}.png", 24, 24, 20 * i)
+    _png(tmp / "images" / "speck.png", 1, 1)
+    return tmp / "images"
+
+
+def _zip_at(tmp: Path, size: int) -> Path:
+    path = tmp / f"at{size}.zip"
+    with zipfile.ZipFile(path, "w") as archive:
+        for i in range(4):
+            buffer = io.BytesIO()
+            Image.fromarray(np.full((size, size, 3), 40 * i, dtype=np.uint8)).save(buffer, format="PNG")
+            archive.writestr(f"00000/img{i:08d}.png", buffer.getvalue())
+    return path
+
+
+def _shards_at(tmp: Path, size: int) -> Path:
+    pytest.importorskip("litdata")
+    from pixelsmith.data.prepare import PrepareOptions, prepare
+
+    for i in range(4):
+        _png(tmp / "shard_src" / f"{i}.png", 16, 16, 30 * i)
+    dest = tmp / "shards"
+    prepare(
+        PrepareOptions(str(tmp / "shard_src"), str(dest), size, format="shards", workers=1, progress=False)
+    )
+    return dest
+
+
+def _a_file(tmp: Path) -> Path:
+    (tmp / "a_file").write_text("not a folder")
+    return tmp / "a_file"
+
+
+def _checkpoint_stub(tmp: Path) -> Path:
+    """A style checkpoint as stylize reads it (tiny TransformerNet)."""
+    pytest.importorskip("pixelsmith.style", reason="a fork without the style part")
+    from pixelsmith.style.networks import TransformerNet
+
+    net = TransformerNet(base_channels=8, num_residual_blocks=1)
+    path = tmp / "style.ckpt"
+    torch.save(
+        {
+            "state_dict": {f"stylizer.{k}": v for k, v in net.state_dict().items()},
+            "pixelsmith_config": {"model": {"stylizer": {"base_channels": 8, "num_residual_blocks": 1}}},
+        },
+        path,
+    )
+    return path
+
+
+def _truncated(tmp: Path) -> Path:
+    torch.save({"state_dict": {"w": torch.zeros(64)}}, tmp / "whole.ckpt")
+    data = (tmp / "whole.ckpt").read_bytes()
+    (tmp / "cut.ckpt").write_bytes(data[: len(data) // 2])
+    return tmp / "cut.ckpt"
+
+
+def _stylize(tmp: Path, **extra: str) -> list[str]:
+    _png(tmp / "photos" / "a.png", 40, 32)
+    options = {
+        "ckpt_path": str(_checkpoint_stub(tmp)),
+        "input": str(tmp / "photos"),
+        "output": str(tmp / "out"),
+    }
+    options.update(extra)
+    return [f"{k}={v}" for k, v in options.items()] + ["progress=false"]
+
+
+STYLE_PART = importlib.util.find_spec("pixelsmith.style") is not None
+R3 = SMALL["r3gan"]
+SG2 = SMALL["stylegan2"]
+CASES = [
+    # ---- train.py: config groups the range table did not cover
+    Case(
+        "train",
+        "strategy",
+        lambda t: ["strategy=ddp", "strategy.timeout_minutes=0"],
+        ("strategy.timeout_minutes",),
+    ),
+    Case(
+        "train",
+        "profiler",
+        lambda t: ["profiler=torch", "profiler.torch_active=0"],
+        ("profiler.torch_active=3",),
+    ),
+    Case(
+        "train",
+        "callbacks",
+        lambda t: ["callbacks=prometheus", "callbacks.prometheus.port=-1"],
+        ("callbacks.prometheus.port=",),
+    ),
+    Case(
+        "train",
+        "eval weights",
+        lambda t: ["eval.every_n_steps=1", "eval.extractor=inception", f"eval.weights_path={t / 'none.pth'}"],
+        ("eval.weights_path",),
+    ),
+    Case(
+        "train",
+        "experiment",
+        lambda t: ["experiment=mnist_r3gan", *R3[1:], "data.batch_size=7"],
+        ("multiple of 2", "data.batch_size="),
+    ),
+    Case("train", "paths", lambda t: [f"paths.output_dir={_a_file(t) / 'run'}"], ("a file, not a folder",)),
+    # ---- train.py: data and model mistakes that passed without a word or ended in a traceback
+    Case(
+        "train",
+        "speck in a folder",
+        lambda t: [
+            "data=image_folder",
+            f"data.root={_folder_with_a_speck(t)}",
+            "data.resolution=32",
+            "data.on_corrupt=error",
+        ],
+        ("1 of 9 images", "far smaller than data.resolution=32", "speck.png", "data.on_corrupt=skip"),
+    ),
+    Case(
+        "train",
+        "zip at another resolution",
+        lambda t: ["data=zip", f"data.path={_zip_at(t, 16)}", "data.resolution=32"],
+        ("holds 16x16 images", "data.resolution=16", "prepare.py", "resolution=32"),
+    ),
+    Case(
+        "train",
+        "shards at another resolution",
+        lambda t: ["data=shards", f"data.path={_shards_at(t, 16)}", "data.resolution=32"],
+        ("hold 16x16 images", "resolution=32"),
+    ),
+    Case(
+        "train",
+        "labels beyond c_dim",
+        lambda t: [*R3, "data.labels=true", "model.generator.c_dim=5", "data.limit=null"],
+        ("span 10 classes", "model.generator.c_dim=10"),
+    ),
+    Case(
+        "train",
+        "c_dim without labels",
+        lambda t: [*R3, "model.generator.c_dim=10"],
+        ("yields no labels", "data.labels=true"),
+    ),
+    Case(
+        "train",
+        "mbstd group not filled",
+        lambda t: [*SG2, "data.batch_size=1"],
+        ("mbstd_group_size=4", "data.batch_size=4", "mbstd_group_size=1"),
+    ),
+    Case(
+        "train",
+        "mbstd group does not divide",
+        lambda t: [*SG2, "data.batch_size=6"],
+        ("min(group, batch)", "data.batch_size=8"),
+    ),
+    Case("train", "resolution no power of two", lambda t: ["data.resolution=24"], ("data.resolution=16",)),
+    # ---- evaluate.py
+    Case("evaluate", "missing checkpoint", lambda t: [f"ckpt_path={t / 'none.ckpt'}"], ("does not exist",)),
+    Case(
+        "evaluate",
+        "truncated checkpoint",
+        lambda t: [f"ckpt_path={_truncated(t)}"],
+        ("truncated or corrupt",),
+    ),
+    # ---- stylize.py
+    Case(
+        "stylize",
+        "output under a file",
+        lambda t: _stylize(t, output=str(_a_file(t) / "out")),
+        ("output=", "a file, not a folder"),
+    ),
+    Case(
+        "stylize",
+        "output on /proc",
+        lambda t: _stylize(t, output="/proc/pixelsmith-test/out"),
+        ("output=", "cannot be written"),
+    ),
+    Case(
+        "stylize",
+        "truncated checkpoint",
+        lambda t: [*_stylize(t)[1:], f"ckpt_path={_truncated(t)}"],
+        ("truncated or corrupt",),
+    ),
+    Case("stylize", "tile too small", lambda t: _stylize(t, tile="8"), ("tile=8",)),
+    # ---- prepare.py
+    Case(
+        "prepare",
+        "resolution no power of two",
+        lambda t: [f"source={_folder_with_a_speck(t)}", f"dest={t / 'o.zip'}", "resolution=33"],
+        ("resolution=32", "resolution=64"),
+    ),
+    Case(
+        "prepare",
+        "dest under a file",
+        lambda t: [f"source={_folder_with_a_speck(t)}", f"dest={_a_file(t) / 'o.zip'}", "resolution=16"],
+        ("dest=", "a file, not a folder"),
+    ),
+    Case(
+        "prepare",
+        "dest on /proc",
+        lambda t: [f"source={_folder_with_a_speck(t)}", "dest=/proc/pixelsmith-test/o.zip", "resolution=16"],
+        ("dest=", "cannot be written"),
+    ),
+    Case(
+        "prepare",
+        "only specks",
+        lambda t: [f"source={_png(t / 's' / 'a.png', 1, 1).parent}", f"dest={t / 'o.zip'}", "resolution=16"],
+        ("None of the 1 images", "ImageTooSmallError"),
+    ),
+]
+# The config values of the range table, as train.py cases.
+CASES += [
+    Case("train", override, lambda t, o=override: [*o.split(), "eval.metrics=[fid,pr]"], (key, fix))
+    for override, key, fix in BAD_VALUES
+]
+if importlib.util.find_spec("wandb") is None:
+    CASES.append(Case("train", "logger", lambda t: ["logger=wandb"], ("pip install", "logger=csv")))
+
+
+def _refusal(case: Case, tmp: Path, capsys) -> str:
+    """The paragraph the case is refused with; raises AssertionError when it is not refused cleanly."""
+    args = case.args(tmp)
+    if case.entry in ("stylize", "prepare"):
+        if case.entry == "stylize":
+            from pixelsmith.style.stylize import main
+        else:
+            from pixelsmith.data.prepare import main
+
+        capsys.readouterr()
+        code = main(args)
+        said = capsys.readouterr()
+        assert code == 2, f"exit status {code}"
+        assert "Traceback" not in said.out + said.err
+        lines = [line for line in said.err.splitlines() if line.strip()]
+        assert len(lines) == 1, said.err
+        return lines[0]
+    given = [a.split("=", 1)[1] for a in args if a.startswith("paths.output_dir=")]
+    run_dir = Path(given[0]) if given else tmp / "run"
+    args = [a for a in args if not a.startswith("paths.output_dir=")]
+    names_a_job = any(a.startswith(("model=", "experiment=")) for a in args)
+    base = [*FAST] if names_a_job else [*FAST, *SMALL["dcgan"]]
+    if case.entry == "evaluate":
+        from pixelsmith.evaluate import evaluate
+
+        cfg = compose_config(["~local", "hardware=cpu", *args], run_dir, "evaluate")
+        job = evaluate
+    else:
+        from pixelsmith.train import run
+
+        cfg = compose_config([*base, "max_steps=2", *args], run_dir)
+        job = run
+    try:
+        job(cfg)
+    except PixelsmithError as err:
+        message = str(err)
+    else:
+        raise AssertionError("not refused")
+    assert "\n" not in message.strip(), message
+    # The run dir holds nothing that would make the corrected command refuse it (run_dir.RUN_MARKER).
+    assert not (run_dir / RUN_MARKER).exists() and not (run_dir / "checkpoints").exists()
+    return message
+
+
+def test_every_bad_input_is_refused_cleanly_at_every_entry_point(tmp_path, capsys):
+    refused, failures = Counter(), []
+    for number, case in enumerate(CASES):
+        scratch = tmp_path / f"case{number}"
+        scratch.mkdir()
+        try:
+            message = _refusal(case, scratch, capsys)
+            missing = [w for w in case.words if w not in message]
+            assert not missing, f"{missing} not in: {message}"
+        except pytest.skip.Exception:
+            continue
+        except BaseException as err:  # noqa: BLE001  (every way a case can fail is a failure to report)
+            failures.append(f"{case.entry} [{case.name}]: {type(err).__name__}: {str(err)[:400]}")
+            continue
+        refused[case.entry] += 1
+    total = sum(refused.values()) + len(failures)
+    with capsys.disabled():
+        per_entry = ", ".join(f"{entry} {count}" for entry, count in sorted(refused.items()))
+        print(f"\nbad inputs refused cleanly: {sum(refused.values())} of {total} ({per_entry})")
+    assert not failures, "\n".join(failures)
+    entry_points = {"train", "evaluate", "prepare"} | ({"stylize"} if STYLE_PART else set())
+    assert set(refused) == entry_points  # every entry point is covered
+
+
+def test_a_refused_run_leaves_its_run_dir_to_the_corrected_command(make_cfg, tmp_path, caplog):
+    """A data refusal at start-up, then the corrected command with the same run dir: it runs, without
+    train.overwrite, and the images left out are counted in one warning."""
+    from pixelsmith.train import run
+
+    folder = _folder_with_a_speck(tmp_path)
+    data = ["data=image_folder", f"data.root={folder}", "data.resolution=32", "train.sample_every_n_steps=0"]
+    with pytest.raises(PixelsmithError, match="far smaller"):
+        run(make_cfg(*data, "data.on_corrupt=error", "max_steps=1"))
+    with caplog.at_level("WARNING"):
+        metrics = run(make_cfg(*data, "data.on_corrupt=skip", "data.batch_size=4", "max_steps=1"))
+    assert metrics["iteration"] == 1 and metrics["data/skipped_files"] == 1
+    warned = [r.getMessage() for r in caplog.records if "far smaller" in r.getMessage()]
+    assert len(warned) == 1 and "1 of 9 images" in warned[0] and "left out of training" in warned[0]
+
+
+def test_a_refusal_inside_lightnings_set_up_gives_the_run_dir_back(make_cfg, tmp_path, monkeypatch):
+    """Refused after config_resolved.yaml was written (a check that runs in Lightning's set-up): the marker goes,
+    so the corrected command is not told the dir holds another run."""
+    from pixelsmith.data.mnist import MNISTDataModule
+    from pixelsmith.train import run
+
+    original = MNISTDataModule.setup
+
+    def refuse(self, stage=None):
+        raise PixelsmithError("refused in set-up (a stand-in for any set-up check)")
+
+    monkeypatch.setattr(MNISTDataModule, "setup", refuse)
+    with pytest.raises(PixelsmithError, match="stand-in"):
+        run(make_cfg("max_steps=1"))
+    assert not (tmp_path / "run" / RUN_MARKER).exists()
+    monkeypatch.setattr(MNISTDataModule, "setup", original)
+    assert run(make_cfg("max_steps=1", "train.sample_every_n_steps=0"))["iteration"] == 1
+
+
+def test_train_py_refuses_a_run_dir_it_cannot_create_in_one_paragraph(tmp_path, capsys):
+    """The Hydra callback that claims the run dir before Hydra writes into it: an OSError there was a traceback."""
+    from omegaconf import OmegaConf
+
+    from pixelsmith.run_dir import ClaimRunDirFirst
+
+    config = OmegaConf.create(
+        {"hydra": {"run": {"dir": str(_a_file(tmp_path) / "run")}}, "train": {"auto_resume": True}}
+    )
+    with pytest.raises(SystemExit) as stop:
+        ClaimRunDirFirst().on_run_start(config)
+    said = capsys.readouterr().err
+    assert stop.value.code == 2 and "Traceback" not in said and said.count("\n") == 1
+    assert "cannot be created or written: a part of the path is a file" in said and "hydra.run.dir=" in said
+
+
+def test_prepare_skips_and_counts_images_far_smaller_than_the_resolution(tmp_path, capsys):
+    from pixelsmith.data.prepare import main
+
+    folder = _folder_with_a_speck(tmp_path)
+    assert main([f"source={folder}", f"dest={tmp_path / 'o.zip'}", "resolution=32", "progress=false"]) == 0
+    said = capsys.readouterr().out
+    assert "wrote 8 images" in said and "skipped 1: 1 ImageTooSmallError" in said and "speck.png: " in said
+    with zipfile.ZipFile(tmp_path / "o.zip") as archive:
+        assert json.loads(archive.read("dataset.json"))["labels"] is None
