@@ -89,13 +89,31 @@ def cpu_has_native_bf16() -> bool:
     return bool(torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported())
 
 
-def cuda_profile_for(device_name: str, capability: tuple[int, int]) -> str:
-    """Map a CUDA device to the closest shipped profile (by name, else by compute capability: 8.0 and newer a100,
-    older v100). `resolve_plan` warns when the profile was made for another GPU."""
+def profiles_by_gpu(conf_dir: Path | None = None) -> dict[str, str]:
+    """`expected_gpu` -> profile name, read from the profiles themselves (conf/hardware/*.yaml), so a profile of your
+    own for another GPU is detected by adding its file, with no table here to edit."""
+    from omegaconf import OmegaConf
+
+    from pixelsmith.paths import CONF_DIR
+
+    found = {}
+    for path in sorted(((conf_dir or CONF_DIR) / "hardware").glob("*.yaml")):
+        if path.stem.startswith("_"):
+            continue
+        expected = OmegaConf.load(path).get("expected_gpu")
+        if expected:
+            found[str(expected)] = path.stem
+    return found
+
+
+def cuda_profile_for(device_name: str, capability: tuple[int, int], conf_dir: Path | None = None) -> str:
+    """Map a CUDA device to the profile whose `expected_gpu` its name contains (the longest such name wins), else by
+    compute capability: 8.0 and newer a100, older v100. `resolve_plan` warns when the profile was made for another
+    GPU."""
     upper = device_name.upper()
-    for key, profile in (("H100", "h100"), ("H200", "h100"), ("A100", "a100"), ("V100", "v100")):
-        if key in upper:
-            return profile
+    matches = [(len(gpu), profile) for gpu, profile in profiles_by_gpu(conf_dir).items() if gpu.upper() in upper]
+    if matches:
+        return max(matches)[1]
     return "a100" if capability >= (8, 0) else "v100"
 
 
