@@ -12,7 +12,10 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from pixelsmith.gan.networks.fir import fir_downsample_2x, fir_kernel_2d
 from pixelsmith.gan.networks.stylegan2 import (
+    D_ARCHITECTURES,
+    DiscriminatorBlock,
     ModulatedConv2d,
     StyleGAN2Discriminator,
     StyleGAN2Generator,
@@ -468,6 +471,131 @@ def test_gradient_checkpointing_gives_identical_results_with_less_saved_memory()
     torch.testing.assert_close(ckpt[4], plain[4], rtol=1e-5, atol=1e-7)
     assert ckpt[5] < 0.25 * plain[5], (ckpt[5], plain[5])  # generator: only block inputs are kept
     assert ckpt[6] < 0.5 * plain[6], (ckpt[6], plain[6])  # discriminator: fromRGB output still kept
+
+
+# ---- D architectures (NVlabs `training/networks.py` DiscriminatorBlock / DiscriminatorEpilogue, commit d72cc7d) -----
+# resnet: fromrgb at the top block only, skip(x, gain=sqrt(0.5)) + conv1(conv0(x), gain=sqrt(0.5)); orig: the same
+# fromrgb, conv1(conv0(x)) with no skip and no gain; skip: orig's convs, plus in every block below the top and in the
+# epilogue `x + fromrgb(img)` with img = downsample2d(img) after each block (the epilogue's fromrgb has no conv_clamp).
+# Beyond these tests, a scratch script loaded NVlabs' weights into ours at 32 px for each architecture: fp32 logits
+# agreed to 6e-6 (not committed: it needs their checkout).
+SHARED_D_KEYS = [
+    "from_image.weight",
+    "from_image.bias",
+    *(f"blocks.{i}.{conv}.{p}" for i in (0, 1) for conv in ("conv0", "conv1") for p in ("weight", "bias")),
+    *(f"{layer}.{p}" for layer in ("epilogue_conv", "epilogue_fc", "out") for p in ("weight", "bias")),
+]
+D_KEYS = {
+    # resnet: the names checkpoints written before the switch have (so they load as they are).
+    "resnet": {*SHARED_D_KEYS, "blocks.0.skip.weight", "blocks.1.skip.weight"},
+    "orig": set(SHARED_D_KEYS),
+    # NVlabs' b8.fromrgb and b4.fromrgb; the top block's (b16.fromrgb) is `from_image` in every architecture.
+    "skip": {
+        *SHARED_D_KEYS,
+        *(f"{m}.{p}" for m in ("blocks.1.from_image", "epilogue_from_image") for p in ("weight", "bias")),
+    },
+}
+
+
+def tiny_discriminator(
+    architecture: str, resolution: int = 16, channels: int = 3, **kwargs
+) -> StyleGAN2Discriminator:
+    return StyleGAN2Discriminator(
+        resolution=resolution, channels=channels, architecture=architecture, **TINY, **kwargs
+    )
+
+
+@pytest.mark.parametrize("architecture", D_ARCHITECTURES)
+def test_each_d_architecture_has_nvlabs_layers_and_resnet_keeps_its_names(architecture: str):
+    assert set(tiny_discriminator(architecture).state_dict()) == D_KEYS[architecture]
+    # The default, so a config from before the switch builds the network it trained.
+    assert StyleGAN2Discriminator().architecture == "resnet"
+
+
+def test_orig_block_is_the_residual_blocks_main_branch_without_its_gain():
+    """NVlabs: resnet's conv1 runs with gain sqrt(0.5), orig's with none; leaky ReLU is positively homogeneous, so with
+    the same weights resnet(x) - skip(x) == sqrt(0.5) * orig(x) exactly (no clamp in fp64)."""
+    resnet = DiscriminatorBlock(4, 6, architecture="resnet").double()
+    orig = DiscriminatorBlock(4, 6, architecture="orig").double()
+    missing, unexpected = orig.load_state_dict(resnet.state_dict(), strict=False)
+    assert (missing, unexpected) == ([], ["skip.weight"])
+    x = torch.randn(2, 4, 8, 8, dtype=torch.float64)
+    with torch.no_grad():
+        torch.testing.assert_close(
+            resnet(x) - resnet.skip(x), math.sqrt(0.5) * orig(x), rtol=1e-12, atol=1e-12
+        )
+        torch.testing.assert_close(orig(x), orig.conv1(orig.conv0(x)), rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("downsampling", ["fir", "avg_pool"])
+def test_skip_d_adds_a_fromrgb_of_the_downsampled_image_at_every_lower_resolution(downsampling: str):
+    discriminator = tiny_discriminator("skip", downsampling=downsampling).double()
+    images = torch.randn(4, 3, 16, 16, dtype=torch.float64)
+    if downsampling == "fir":  # NVlabs upfirdn2d.downsample2d with [1, 3, 3, 1]
+        kernel = fir_kernel_2d().double()
+
+        def down(image):
+            return fir_downsample_2x(image, kernel)
+    else:
+
+        def down(image):
+            return F.avg_pool2d(image, 2)
+
+    first, second = discriminator.blocks
+    image8, image4 = down(images), down(down(images))
+    x = first.conv1(first.conv0(discriminator.from_image(images)))
+    x = second.conv1(second.conv0(x + second.from_image(image8)))
+    x = minibatch_stddev(x + discriminator.epilogue_from_image(image4), discriminator.mbstd_group_size)
+    expected = discriminator.out(
+        discriminator.epilogue_fc(discriminator.epilogue_conv(x).flatten(1))
+    ).squeeze(1)
+    with torch.no_grad():
+        torch.testing.assert_close(discriminator(images), expected, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("architecture", ["orig", "skip"])
+def test_orig_and_skip_ds_train_every_parameter_and_r1_reaches_every_weight(architecture: str):
+    discriminator = tiny_discriminator(architecture)
+    real, fake = torch.randn(4, 3, 16, 16), torch.randn(4, 3, 16, 16)
+    (F.softplus(-discriminator(real)).mean() + F.softplus(discriminator(fake)).mean()).backward()
+    for name, parameter in discriminator.named_parameters():
+        assert parameter.grad is not None and parameter.grad.abs().sum() > 0, name
+    penalty, grads = r1_penalty_and_grads(discriminator, real)
+    assert penalty > 0
+    for name, grad in grads.items():
+        if name.endswith("weight"):
+            assert grad is not None and torch.isfinite(grad).all() and grad.abs().sum() > 0, name
+
+
+@pytest.mark.parametrize("architecture", D_ARCHITECTURES)
+def test_compile_units_hold_every_parameter_once_in_every_architecture(architecture: str):
+    """`hardware.compile_scope=blocks` compiles exactly these: a layer left out would run eagerly, one listed twice
+    (inside a listed block and on its own) would be compiled twice."""
+    discriminator = tiny_discriminator(architecture)
+    units = discriminator.compile_units()
+    unit_params = [id(p) for unit in units for p in unit.parameters()]
+    assert len(unit_params) == len(set(unit_params))
+    assert set(unit_params) == {id(p) for p in discriminator.parameters()}
+    assert all(block in units for block in discriminator.blocks)
+
+
+@pytest.mark.parametrize("architecture", ["orig", "skip"])
+def test_gradient_checkpointing_leaves_orig_and_skip_ds_unchanged(architecture: str):
+    plain = tiny_discriminator(architecture)
+    checkpointed = tiny_discriminator(architecture, gradient_checkpointing=True)
+    checkpointed.load_state_dict(plain.state_dict())
+    images = torch.randn(4, 3, 16, 16)
+    results = []
+    for discriminator in (plain, checkpointed):
+        logits = discriminator(images)
+        logits.sum().backward()
+        results.append((logits, {n: p.grad for n, p in discriminator.named_parameters()}))
+    torch.testing.assert_close(results[1], results[0], rtol=1e-5, atol=1e-7)
+
+
+def test_a_skip_block_called_without_the_image_says_so():
+    with pytest.raises(ValueError, match="takes the image too"):
+        DiscriminatorBlock(4, 4, architecture="skip", from_image_channels=3)(torch.randn(1, 4, 8, 8))
 
 
 def gaussian_blobs(count: int = 8, resolution: int = 32) -> torch.Tensor:

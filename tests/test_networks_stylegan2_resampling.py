@@ -22,6 +22,7 @@ import numpy as np
 import pytest
 import scipy.signal
 import torch
+from hydra.utils import instantiate
 from omegaconf import OmegaConf
 
 from pixelsmith.gan.networks.fir import fir_downsample_2x, fir_filter, fir_kernel_2d, fir_upsample_2x
@@ -32,7 +33,12 @@ from pixelsmith.gan.networks.stylegan2 import (
     StyleGAN2Generator,
     SynthesisLayer,
 )
-from pixelsmith.resume import CheckpointMismatchError, check_same_function, with_legacy_network_settings
+from pixelsmith.resume import (
+    CheckpointMismatchError,
+    check_same_function,
+    config_differences,
+    with_legacy_network_settings,
+)
 from tests.conftest import torch_threads
 
 TINY = {"channel_base": 256, "channel_max": 16}
@@ -313,6 +319,22 @@ def test_fp16_autocast_runs_only_the_top_resolutions_in_fp16_mapping_and_epilogu
         }
 
 
+def test_fp16_autocast_runs_a_skip_ds_fromrgbs_in_their_blocks_precision_and_the_epilogues_in_fp32():
+    # NVlabs: each block's fromrgb in the block's dtype (fp16 in the top num_fp16_res resolutions), the epilogue's in
+    # fp32 with the rest of the epilogue. 64 px, num_fp16_res=2: blocks at 64 and 32 px in fp16.
+    discriminator = StyleGAN2Discriminator(
+        resolution=64, channels=3, num_fp16_res=2, architecture="skip", **TINY
+    )
+    images = torch.randn(2, 3, 64, 64)
+    with torch.autocast(device_type="cpu", dtype=torch.float16):
+        dtypes = conv_output_dtypes(discriminator, images)
+        logits = discriminator(images)
+    assert dtypes["from_image"] == dtypes["blocks.1.from_image"] == torch.float16
+    assert dtypes["blocks.2.from_image"] == dtypes["blocks.3.from_image"] == torch.float32
+    assert dtypes["epilogue_from_image"] == dtypes["epilogue_conv"] == torch.float32
+    assert logits.dtype == torch.float32 and torch.isfinite(logits).all()
+
+
 def test_fp16_output_tracks_fp32_and_styles_far_beyond_fp16_range_do_not_overflow():
     kwargs = {
         "resolution": 32,
@@ -420,6 +442,8 @@ def test_invalid_switch_values_are_refused_with_the_allowed_ones():
         StyleGAN2Generator(upsampling="nearest", **TINY)
     with pytest.raises(ValueError, match="downsampling='max': choose one of fir, avg_pool"):
         StyleGAN2Discriminator(downsampling="max", **TINY)
+    with pytest.raises(ValueError, match="architecture='residual': choose one of resnet, orig, skip"):
+        StyleGAN2Discriminator(architecture="residual", **TINY)
     with pytest.raises(ValueError, match="num_fp16_res must be >= 0"):
         StyleGAN2Discriminator(num_fp16_res=-1, **TINY)
     with pytest.raises(ValueError, match="conv_clamp must be > 0"):
@@ -453,6 +477,9 @@ def test_a_config_stored_before_the_switches_reads_as_the_bilinear_avg_pool_netw
         "conv_clamp": None,
     }
     assert filled["model"]["discriminator"]["downsampling"] == "avg_pool"
+    assert (
+        filled["model"]["discriminator"]["architecture"] == "resnet"
+    )  # residual was the only D before the switch
     # Values that are stored win; other models are left alone.
     assert (
         with_legacy_network_settings(stored_config({"upsampling": "fir"}, {}))["model"]["generator"][
@@ -483,3 +510,23 @@ def test_resuming_an_old_checkpoint_with_the_other_resampling_is_refused_in_one_
         )
     )
     check_same_function(old, tmp_path / "old.ckpt", cheap, auto_resumed=False)
+
+
+def test_an_old_checkpoint_without_the_architecture_key_loads_as_the_resnet_d():
+    """A checkpoint from before `model.discriminator.architecture`: its config reads as resnet (no difference to
+    report against today's default), its D's tensors load into today's resnet D as they are, and an 'orig' run is
+    told what differs (the missing `skip` tensors refuse it by shape)."""
+    old_d = {"downsampling": "fir", "num_fp16_res": 4, "conv_clamp": 256}
+
+    def d_differences(current_d: dict) -> list[str]:
+        differences = config_differences(stored_config({}, old_d), stored_config({}, current_d))
+        return [line for line in differences if line.startswith("model.discriminator.")]
+
+    assert d_differences({**old_d, "architecture": "resnet"}) == []
+    assert d_differences({**old_d, "architecture": "orig"}) == [
+        "model.discriminator.architecture: resnet in the checkpoint, orig here"
+    ]
+    rebuilt = instantiate(
+        with_legacy_network_settings(stored_config({}, old_d))["model"]["discriminator"], **TINY
+    )
+    rebuilt.load_state_dict(StyleGAN2Discriminator(**TINY).state_dict())  # strict: the same names and shapes

@@ -7,17 +7,21 @@ channel_base = fmaps * 32768, channel_max 512, Adam betas (0, 0.99) eps 1e-8, AD
 = 0 and style_mixing_prob = 0); `training/loss.py` `StyleGAN2Loss` defaults (style mixing 0.9, pl weight 2, pl decay
 0.01, pl batch shrink 2); `training/training_loop.py` (G_reg_interval 4, D_reg_interval 16, phases Gmain, Greg,
 Dmain, Dreg; ADA interval 4, ada_kimg 500); `training/networks.py` `MappingNetwork` (lr_multiplier 0.01).
+D's architecture: `train.py` sets `args.D_kwargs.architecture = 'orig'` for cifar only (`Discriminator` defaults to
+'resnet'); `training/networks.py` `DiscriminatorBlock` / `DiscriminatorEpilogue` (commit d72cc7d) for what each means.
 """
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
+import torch
+from hydra.utils import instantiate
 from PIL import Image
 
 from pixelsmith.config.validate import validate_config
 from pixelsmith.train import run
-from tests.conftest import compose_config, metrics_rows
+from tests.conftest import compose_config, last_checkpoint, metrics_rows
 
 # cfg_specs as written in NVlabs' train.py (kimg, mb, mbstd, fmaps, lrate, gamma, ema, ramp, map); the values the
 # presets must reproduce, copied here by hand from the reference, not from our YAML.
@@ -29,6 +33,31 @@ NVLABS_CFG_SPECS = {
 NVLABS_COMMON = dict(z_dim=512, w_dim=512, channel_max=512, betas=[0.0, 0.99], eps=1e-8, ada_target=0.6)
 NVLABS_LOSS = dict(style_mixing_prob=0.9, pl_weight=2.0)
 NVLABS_CIFAR_LOSS = dict(style_mixing_prob=0.0, pl_weight=0.0)
+# D's architecture per config (train.py: 'orig' for cifar, the Discriminator's default 'resnet' otherwise).
+NVLABS_D_ARCHITECTURE = {"paper256": "resnet", "cifar": "orig", "auto": "resnet"}
+
+# NVlabs' G and D parameter counts (c_dim=0, RGB) per preset, obtained by instantiating NVlabs' own
+# `training.networks.Generator` / `Discriminator` (stylegan2-ada-pytorch commit d72cc7d) on CPU with each config's
+# train.py kwargs (z = w = 512, mapping num_layers = map, channel_base = fmaps * 32768, channel_max 512,
+# num_fp16_res 4, conv_clamp 256, mbstd group, D architecture) and summing `p.numel()` over `parameters()`; copied
+# here by hand. The auto rows are its fmaps at each resolution (0.5 below 512 px, else 1) with map 2.
+NVLABS_PARAMETER_COUNTS = {
+    # (preset, overrides): (G, D)
+    ("stylegan2_paper256", ()): (24_767_458, 24_001_089),
+    ("stylegan2_cifar", ()): (19_947_539, 20_720_641),  # 'orig' D; their 'resnet' D would have 21,507,073
+    ("stylegan2_auto", ("data.resolution=32",)): (19_947_539, 21_507_073),
+    ("stylegan2_auto", ("data.resolution=256",)): (23_191_522, 24_001_089),
+    ("stylegan2_auto", ("data.resolution=512",)): (28_700_647, 28_982_849),
+    ("stylegan2_auto", ("data.resolution=1024",)): (28_794_124, 29_012_513),
+}
+# The same, for the D architectures the presets do not use (NVlabs' Discriminator with architecture= each).
+NVLABS_D_COUNTS_BY_ARCHITECTURE = {
+    # (preset, architecture): D
+    ("stylegan2_cifar", "resnet"): 21_507_073,
+    ("stylegan2_cifar", "skip"): 20_726_785,
+    ("stylegan2_paper256", "orig"): 23_042_625,
+    ("stylegan2_paper256", "skip"): 23_052_353,
+}
 
 # The 'auto' heuristic worked out by hand for a few (resolution, GPUs): mb = max(min(gpus * min(4096 // res, 32),
 # 64), gpus), mbstd = min(mb // gpus, 4), fmaps = 1 if res >= 512 else 0.5, lrate = 0.002 if res >= 1024 else 0.0025,
@@ -54,8 +83,9 @@ def _compose(tmp_path, preset: str, *overrides: str):
     return cfg
 
 
-def _assert_matches(cfg, *, kimg, mb, mbstd, fmaps, lrate, gamma, ema, ramp, map, loss, gpus=1):
+def _assert_matches(cfg, *, kimg, mb, mbstd, fmaps, lrate, gamma, ema, ramp, map, loss, architecture, gpus=1):
     G, D, objective = cfg.model.generator, cfg.model.discriminator, cfg.model.objective
+    assert D.architecture == architecture
     r1, pl = objective.regularizers.r1, objective.regularizers.path_length
     assert cfg.data.batch_size * cfg.accumulate == mb
     assert cfg.max_steps * mb == pytest.approx(kimg * 1000, rel=0, abs=mb)  # the training length in images
@@ -84,13 +114,17 @@ def _assert_matches(cfg, *, kimg, mb, mbstd, fmaps, lrate, gamma, ema, ramp, map
 def test_paper256_reproduces_nvlabs_cfg_specs(tmp_path):
     cfg = _compose(tmp_path, "stylegan2_paper256")
     assert cfg.data.resolution == 256
-    _assert_matches(cfg, **NVLABS_CFG_SPECS["paper256"], loss=NVLABS_LOSS)
+    _assert_matches(
+        cfg, **NVLABS_CFG_SPECS["paper256"], loss=NVLABS_LOSS, architecture=NVLABS_D_ARCHITECTURE["paper256"]
+    )
 
 
 def test_cifar_reproduces_nvlabs_cfg_specs(tmp_path):
     cfg = _compose(tmp_path, "stylegan2_cifar")
     assert cfg.data.resolution == 32
-    _assert_matches(cfg, **NVLABS_CFG_SPECS["cifar"], loss=NVLABS_CIFAR_LOSS)
+    _assert_matches(
+        cfg, **NVLABS_CFG_SPECS["cifar"], loss=NVLABS_CIFAR_LOSS, architecture=NVLABS_D_ARCHITECTURE["cifar"]
+    )
 
 
 @pytest.mark.parametrize(("resolution", "gpus"), list(AUTO_BY_HAND))
@@ -100,7 +134,37 @@ def test_auto_follows_the_resolution_and_the_gpu_count_as_nvlabs(tmp_path, resol
     spec = dict(
         kimg=25000, mb=mb, mbstd=mbstd, fmaps=fmaps, lrate=lrate, gamma=gamma, ema=ema, ramp=0.05, map=2
     )
-    _assert_matches(cfg, **spec, loss=NVLABS_LOSS, gpus=gpus)
+    _assert_matches(cfg, **spec, loss=NVLABS_LOSS, architecture=NVLABS_D_ARCHITECTURE["auto"], gpus=gpus)
+
+
+def _parameter_counts(cfg) -> tuple[int, int]:
+    # On the meta device: shapes without storage, so the 1024 px networks cost nothing to build.
+    with torch.device("meta"):
+        G, D = instantiate(cfg.model.generator), instantiate(cfg.model.discriminator)
+    return sum(p.numel() for p in G.parameters()), sum(p.numel() for p in D.parameters())
+
+
+@pytest.mark.parametrize(("preset", "overrides"), list(NVLABS_PARAMETER_COUNTS))
+def test_every_presets_networks_have_nvlabs_parameter_counts(tmp_path, preset, overrides):
+    assert (
+        _parameter_counts(_compose(tmp_path, preset, *overrides))
+        == NVLABS_PARAMETER_COUNTS[(preset, overrides)]
+    )
+
+
+@pytest.mark.parametrize(("preset", "architecture"), list(NVLABS_D_COUNTS_BY_ARCHITECTURE))
+def test_each_d_architecture_has_nvlabs_parameter_count(tmp_path, preset, architecture):
+    cfg = _compose(tmp_path, preset, f"model.discriminator.architecture={architecture}")
+    assert _parameter_counts(cfg)[1] == NVLABS_D_COUNTS_BY_ARCHITECTURE[(preset, architecture)]
+
+
+def test_an_unknown_d_architecture_is_refused_at_composition_naming_the_choices(tmp_path):
+    from hydra.errors import ConfigCompositionException
+
+    with pytest.raises(ConfigCompositionException) as err:
+        _compose(tmp_path, "stylegan2_cifar", "model.discriminator.architecture=residual")
+    text = f"{err.value} {err.value.__cause__}"
+    assert "model.discriminator.architecture" in text and "choose one of resnet, orig, skip" in text
 
 
 def test_auto_counts_gpus_over_nodes_and_keeps_the_heuristic_under_a_batch_override(tmp_path):
@@ -122,9 +186,8 @@ def test_auto_refuses_a_resolution_its_heuristic_cannot_take(tmp_path):
         _compose(tmp_path, "stylegan2_auto", "data.resolution=48")
 
 
-def test_paper256_trains_as_a_phase_table_of_nvlabs_order(tmp_path):
-    """The preset's switches together (style mixing, path length w.r.t. the ws, G first, ADA, EMA without ramp-up)
-    for a few iterations, at widths and a resolution a CPU test can afford."""
+def _run_tiny(tmp_path, preset: str, *overrides: str) -> list[dict[str, str]]:
+    """`preset` for a few iterations at widths and a resolution a CPU test can afford; metrics.csv's rows."""
     folder = tmp_path / "images"
     folder.mkdir()
     rng = np.random.default_rng(0)
@@ -132,20 +195,19 @@ def test_paper256_trains_as_a_phase_table_of_nvlabs_order(tmp_path):
         Image.fromarray(rng.integers(0, 255, (20, 20, 3), dtype=np.uint8)).save(folder / f"{i}.png")
     cfg = compose_config(
         [
-            "experiment=stylegan2_paper256",
+            f"experiment={preset}",
             f"data.root={folder}",
             "~local",
             "hardware=cpu",
             "precision=32-true",
             "logger=csv",
             "train.progress_bar=false",
+            "train.time_budget_minutes=null",
             "eval.every_n_steps=0",
             "train.sample_every_n_steps=0",
             "train.log_every_n_steps=1",
             "data.resolution=16",
             "data.batch_size=4",
-            "data.mirror=true",
-            "max_steps=5",
             "model.generator.z_dim=16",
             "model.generator.w_dim=16",
             "model.generator.mapping_layers=2",
@@ -153,11 +215,37 @@ def test_paper256_trains_as_a_phase_table_of_nvlabs_order(tmp_path):
             "model.generator.channel_max=8",
             "model.discriminator.channel_base=128",
             "model.discriminator.channel_max=8",
-            "model.objective.regularizers.r1.interval=4",
+            *overrides,
         ],
         tmp_path / "run",
     )
     run(cfg)
-    rows = metrics_rows(tmp_path / "run")
+    return metrics_rows(tmp_path / "run")
+
+
+def test_paper256_trains_as_a_phase_table_of_nvlabs_order(tmp_path):
+    """The preset's switches together (style mixing, path length w.r.t. the ws, G first, ADA, EMA without ramp-up)
+    for a few iterations, at widths and a resolution a CPU test can afford."""
+    rows = _run_tiny(
+        tmp_path,
+        "stylegan2_paper256",
+        "data.mirror=true",
+        "max_steps=5",
+        "model.objective.regularizers.r1.interval=4",
+    )
     assert [bool(r.get("loss/pl")) for r in rows][:5] == [True, False, False, False, True]  # Greg every 4
     assert all(r.get("loss/G") and r.get("loss/D") for r in rows[:5])
+
+
+def test_cifar_trains_with_the_orig_discriminator(tmp_path):
+    """The cifar preset's 'orig' D through training (R1's double backward every 2 iterations, the mbstd group of 32
+    falling back to the batch of 4): finite losses, and the checkpoint's D has plain blocks, no residual `skip`."""
+    rows = _run_tiny(tmp_path, "stylegan2_cifar", "max_steps=3", "model.objective.regularizers.r1.interval=2")
+    assert [bool(r.get("loss/r1")) for r in rows][:3] == [True, False, True]  # Dreg every 2
+    losses = [float(r[k]) for r in rows[:3] for k in ("loss/G", "loss/D")]
+    assert len(losses) == 6 and np.isfinite(losses).all()
+    keys = [
+        k for k in last_checkpoint(tmp_path / "run")["state_dict"] if k.startswith("discriminator.blocks.")
+    ]
+    assert keys and not any(".skip." in k for k in keys)
+    assert {k.split(".")[3] for k in keys} == {"conv0", "conv1"}

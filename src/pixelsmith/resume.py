@@ -171,12 +171,19 @@ _NOT_SHAPING = ("gradient_checkpointing",)
 
 # Network settings added after checkpoints were written, with the value that those checkpoints' networks had: a
 # stored config without the key means that value. StyleGAN2's resampling switches give the same tensor shapes either
-# way, so the weights load, but they were trained for another function (bilinear vs transposed conv + FIR).
+# way, so the weights load, but they were trained for another function (bilinear vs transposed conv + FIR). D's
+# architecture changes its tensors (orig has no `skip`), so a mismatch is refused by shape; filling it in only lets the
+# message say "resnet in the checkpoint" rather than "(absent)".
 _STYLEGAN2_GENERATOR = "pixelsmith.gan.networks.stylegan2.StyleGAN2Generator"
 _STYLEGAN2_DISCRIMINATOR = "pixelsmith.gan.networks.stylegan2.StyleGAN2Discriminator"
 _LEGACY_NETWORK_SETTINGS = {
     _STYLEGAN2_GENERATOR: {"upsampling": "bilinear", "num_fp16_res": None, "conv_clamp": None},
-    _STYLEGAN2_DISCRIMINATOR: {"downsampling": "avg_pool", "num_fp16_res": None, "conv_clamp": None},
+    _STYLEGAN2_DISCRIMINATOR: {
+        "downsampling": "avg_pool",
+        "num_fp16_res": None,
+        "conv_clamp": None,
+        "architecture": "resnet",
+    },
 }
 # Of those, the ones a resume may not change (the others only change the precision the same function runs in).
 _FUNCTION_KEYS = ("model.generator.upsampling", "model.discriminator.downsampling")

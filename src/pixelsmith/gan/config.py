@@ -24,6 +24,12 @@ class StyleGAN2Downsampling(StrEnum):
     AVG_POOL = "avg_pool"  # 2x2 average pool, then the conv (more aliasing)
 
 
+class StyleGAN2DArchitecture(StrEnum):
+    RESNET = "resnet"  # NVlabs' default: residual blocks (a 1x1 skip branch, the sum scaled by 1/sqrt(2))
+    ORIG = "orig"  # NVlabs' cifar config: plain conv blocks, no skip branch
+    SKIP = "skip"  # plain blocks, each also fed a fromRGB of the image downsampled to its resolution
+
+
 class DCGANNorm(StrEnum):
     BATCH = "batch"
     INSTANCE = "instance"
@@ -131,6 +137,7 @@ class StyleGAN2DiscriminatorConfig:
     # Under 16-mixed only the N highest resolutions in fp16 (the rest and the epilogue fp32); null: all under autocast.
     num_fp16_res: int | None = 4
     conv_clamp: float | None = 256.0  # clamp conv outputs to +-this (fp16 overflow guard); null: no clamp
+    architecture: str = choice(StyleGAN2DArchitecture, "resnet")  # NVlabs' D architecture (cifar: orig)
 
 
 @dataclass

@@ -11,8 +11,10 @@ matched to NVlabs' stylegan2-ada-pytorch `training/networks.py` where a switch s
   starts from a learned 4x4 constant and doubles the resolution per block with weight-modulated, demodulated
   3x3 convolutions, per-pixel noise with a learned strength, and the "skip" output architecture (one toRGB per
   resolution, upsampled and summed). Output images are roughly in [-1, 1]; there is no tanh, as in StyleGAN2.
-* Discriminator: "residual" architecture (fromRGB at the input resolution, residual blocks scaled by
-  1/sqrt(2)), a minibatch standard-deviation layer, then a conv and two linear layers down to one logit.
+* Discriminator: NVlabs' three architectures (``architecture``): "resnet" (fromRGB at the input resolution, residual
+  blocks scaled by 1/sqrt(2); NVlabs' default), "orig" (the same blocks without the residual branch or its scaling;
+  their cifar config) or "skip" (plain blocks, plus a fromRGB of the FIR-downsampled image added at every lower
+  resolution and at 4x4), then a minibatch standard-deviation layer, a conv and two linear layers down to one logit.
 * Equalized learning rate everywhere: parameters are stored N(0, 1) and scaled by He's constant at runtime.
 
 Switches (defaults: NVlabs'; `experiment=mnist_stylegan2` keeps the cheaper first choices):
@@ -57,6 +59,10 @@ EPSILON = 1e-8
 # template's first, cheaper choice (G: bilinear then conv; D: 2x2 average pool then conv).
 UPSAMPLING = ("fir", "bilinear")
 DOWNSAMPLING = ("fir", "avg_pool")
+# NVlabs' Discriminator(architecture=...): residual blocks (their default), plain blocks (their cifar config), or plain
+# blocks fed a fromRGB of the downsampled image at every resolution. Ours were residual only before the switch, so
+# "resnet" stays the default and keeps its parameter names (older checkpoints load).
+D_ARCHITECTURES = ("resnet", "orig", "skip")
 # NVlabs never runs the 4x4 block in fp16 (`SynthesisNetwork`: fp16_resolution = max(..., 8)).
 LOWEST_FP16_RESOLUTION = 8
 
@@ -699,11 +705,17 @@ def minibatch_stddev(x: Tensor, group_size: int) -> Tensor:
 
 
 class DiscriminatorBlock(nn.Module):
-    """Residual block halving the resolution: (conv3x3 -> down+conv3x3) + (down+conv1x1), times 1/sqrt(2).
+    """A block halving the resolution, in one of NVlabs' D architectures (their `DiscriminatorBlock`):
+
+    * "resnet": (conv3x3 -> down+conv3x3) + (down+conv1x1 `skip`), times 1/sqrt(2). Each branch is clamped before the
+      sum (NVlabs clamps each at conv_clamp * sqrt(0.5) after scaling it by sqrt(0.5): the same).
+    * "orig": conv3x3 -> down+conv3x3, no second branch and no 1/sqrt(2) (NVlabs' `conv1(x)` without a gain).
+    * "skip": as "orig", after adding this block's fromRGB of the image (``from_image_channels``: the image's channels;
+      None for the top block, whose fromRGB is the discriminator's `from_image`); forward takes and returns the image
+      too, downsampled 2x for the next block (NVlabs `upfirdn2d.downsample2d`, or a 2x2 average with "avg_pool").
 
     ``downsampling``: "fir" (NVlabs: blur then stride-2 conv; the skip FIR-downsampled then 1x1) or "avg_pool".
-    Each branch is clamped before the sum (NVlabs clamps each at conv_clamp * sqrt(0.5) after scaling it by
-    sqrt(0.5): the same). ``in_fp32``: under fp16 autocast this block runs in fp32 (NVlabs' use_fp16=False).
+    ``in_fp32``: under fp16 autocast this block runs in fp32 (NVlabs' use_fp16=False).
     """
 
     def __init__(
@@ -713,12 +725,25 @@ class DiscriminatorBlock(nn.Module):
         downsampling: str = "fir",
         conv_clamp: float | None = None,
         in_fp32: bool = False,
+        architecture: str = "resnet",
+        from_image_channels: int | None = None,
     ):
         super().__init__()
         _check_choice("downsampling", downsampling, DOWNSAMPLING)
+        _check_choice("architecture", architecture, D_ARCHITECTURES)
+        self.architecture = architecture
+        self.downsampling = downsampling
+        # NVlabs' skip block: `fromrgb` with the block's conv_clamp, its output added to x before conv0.
+        self.from_image = (
+            EqualizedConv2d(from_image_channels, in_channels, 1, activation=True, conv_clamp=conv_clamp)
+            if architecture == "skip" and from_image_channels is not None
+            else None
+        )
         self.conv0 = EqualizedConv2d(in_channels, in_channels, 3, activation=True, conv_clamp=conv_clamp)
-        # The 1/sqrt(2) of the sum rides on both branches' weights (and their clamp bounds, as NVlabs' clamp at
-        # conv_clamp * sqrt(0.5) after the scaling), sparing a multiply of the sum in forward and backward.
+        residual = architecture == "resnet"
+        # resnet: the 1/sqrt(2) of the sum rides on both branches' weights (and their clamp bounds, as NVlabs' clamp at
+        # conv_clamp * sqrt(0.5) after the scaling), sparing a multiply of the sum in forward and backward. orig and
+        # skip have no sum, so NVlabs applies no gain there.
         self.conv1 = EqualizedConv2d(
             in_channels,
             out_channels,
@@ -726,27 +751,47 @@ class DiscriminatorBlock(nn.Module):
             activation=True,
             downsample=downsampling,
             conv_clamp=conv_clamp,
-            output_gain=RESIDUAL_GAIN,
+            output_gain=RESIDUAL_GAIN if residual else 1.0,
         )
-        self.skip = EqualizedConv2d(
-            in_channels,
-            out_channels,
-            1,
-            bias=False,
-            downsample=downsampling,
-            conv_clamp=conv_clamp,
-            output_gain=RESIDUAL_GAIN,
-        )
+        if residual:  # only resnet has it: orig and skip keep no parameter they never use
+            self.skip = EqualizedConv2d(
+                in_channels,
+                out_channels,
+                1,
+                bias=False,
+                downsample=downsampling,
+                conv_clamp=conv_clamp,
+                output_gain=RESIDUAL_GAIN,
+            )
+        # Not persistent: a constant, and no checkpoint key to carry.
+        if architecture == "skip" and downsampling == "fir":
+            self.register_buffer("image_filter", fir_kernel_2d(), persistent=False)
         self.in_fp32 = in_fp32
 
+    def _downsample_image(self, image: Tensor) -> Tensor:
+        if self.downsampling == "fir":
+            return fir_downsample_2x(image, self.image_filter)
+        return F.avg_pool2d(image, 2)
+
     @_fp32_under_fp16_autocast("in_fp32")
-    def forward(self, x: Tensor) -> Tensor:
-        return self.skip(x) + self.conv1(self.conv0(x))
+    def forward(self, x: Tensor, image: Tensor | None = None) -> Tensor | tuple[Tensor, Tensor]:
+        """x -> x at half the resolution; with "skip", (x, image) -> (x, image) both at half the resolution."""
+        if self.architecture == "resnet":
+            return self.skip(x) + self.conv1(self.conv0(x))
+        if self.architecture == "orig":
+            return self.conv1(self.conv0(x))
+        if image is None:
+            raise ValueError("a 'skip' discriminator block takes the image too: block(x, image)")
+        if self.from_image is not None:
+            x = x + self.from_image(image)
+        return self.conv1(self.conv0(x)), self._downsample_image(image)
 
 
 class StyleGAN2Discriminator(nn.Module):
-    """StyleGAN2 residual discriminator: ``D(images [N, channels, R, R]) -> logits [N]`` (fp32).
+    """StyleGAN2 discriminator: ``D(images [N, channels, R, R]) -> logits [N]`` (fp32).
 
+    ``architecture``: "resnet" (NVlabs' default), "orig" (their cifar config) or "skip" (DiscriminatorBlock says how
+    each differs; "skip" adds `epilogue_from_image`, NVlabs' epilogue fromRGB, unclamped as theirs).
     ``downsampling``: "fir" (NVlabs) or "avg_pool" (this template's first, cheaper choice). ``num_fp16_res``: under
     fp16 autocast (`16-mixed`) only the blocks at the N highest resolutions (and fromRGB with the first) run in fp16,
     the rest and the epilogue in fp32, as NVlabs; None leaves the whole network under the run's autocast.
@@ -764,10 +809,12 @@ class StyleGAN2Discriminator(nn.Module):
         downsampling: str = "fir",
         num_fp16_res: int | None = 4,
         conv_clamp: float | None = 256.0,
+        architecture: str = "resnet",
     ):
         super().__init__()
         _check_architecture(resolution, channels, channel_base, channel_max)
         _check_choice("downsampling", downsampling, DOWNSAMPLING)
+        _check_choice("architecture", architecture, D_ARCHITECTURES)
         _check_precision(num_fp16_res, conv_clamp)
         if mbstd_group_size < 1:
             raise ValueError(f"mbstd_group_size must be >= 1, got {mbstd_group_size}")
@@ -775,6 +822,7 @@ class StyleGAN2Discriminator(nn.Module):
         self.channels = channels
         self.mbstd_group_size = mbstd_group_size
         self.gradient_checkpointing = gradient_checkpointing
+        self.architecture = architecture
 
         def ch(res: int) -> int:
             return channels_at_resolution(res, channel_base, channel_max)
@@ -786,6 +834,8 @@ class StyleGAN2Discriminator(nn.Module):
 
         self.from_image = EqualizedConv2d(channels, ch(resolution), 1, activation=True, conv_clamp=conv_clamp)
         self.from_image_in_fp32 = in_fp32(resolution)
+        # The top block's fromRGB is `from_image` in every architecture (its name from before the switch); with "skip"
+        # each lower block reads the downsampled image through a fromRGB of its own.
         self.blocks = nn.ModuleList(
             DiscriminatorBlock(
                 ch(2**log2_res),
@@ -793,8 +843,14 @@ class StyleGAN2Discriminator(nn.Module):
                 downsampling=downsampling,
                 conv_clamp=conv_clamp,
                 in_fp32=in_fp32(2**log2_res),
+                architecture=architecture,
+                from_image_channels=channels if 2**log2_res < resolution else None,
             )
             for log2_res in range(int(math.log2(resolution)), 2, -1)
+        )
+        # NVlabs' DiscriminatorEpilogue builds its skip fromRGB without conv_clamp (its conv has one).
+        self.epilogue_from_image = (
+            EqualizedConv2d(channels, ch(4), 1, activation=True) if architecture == "skip" else None
         )
         self.epilogue_conv = EqualizedConv2d(ch(4) + 1, ch(4), 3, activation=True, conv_clamp=conv_clamp)
         self.epilogue_fc = EqualizedLinear(ch(4) * 4 * 4, ch(4), activation=True)
@@ -802,16 +858,26 @@ class StyleGAN2Discriminator(nn.Module):
         self.epilogue_in_fp32 = num_fp16_res is not None
 
     def compile_units(self) -> list[nn.Module]:
-        """What `hardware.compile_scope=blocks|auto` compiles, each its own graph: fromRGB, each block, the
-        epilogue's layers (the minibatch-stddev statistic between them stays eager)."""
-        return [self.from_image, *self.blocks, self.epilogue_conv, self.epilogue_fc, self.out]
+        """What `hardware.compile_scope=blocks|auto` compiles, each its own graph: fromRGB, each block (with its own
+        fromRGB under "skip"), the epilogue's layers (the minibatch-stddev statistic between them stays eager)."""
+        epilogue_from_image = [] if self.epilogue_from_image is None else [self.epilogue_from_image]
+        return [
+            self.from_image,
+            *self.blocks,
+            *epilogue_from_image,
+            self.epilogue_conv,
+            self.epilogue_fc,
+            self.out,
+        ]
 
     @_fp32_under_fp16_autocast("from_image_in_fp32")
     def _from_image(self, images: Tensor) -> Tensor:
         return self.from_image(images)
 
     @_fp32_under_fp16_autocast("epilogue_in_fp32")
-    def _epilogue(self, x: Tensor) -> Tensor:
+    def _epilogue(self, x: Tensor, image: Tensor | None = None) -> Tensor:
+        if self.epilogue_from_image is not None:
+            x = x + self.epilogue_from_image(image)
         x = minibatch_stddev(x, self.mbstd_group_size)
         x = self.epilogue_conv(x)
         x = self.epilogue_fc(x.flatten(1))
@@ -819,6 +885,11 @@ class StyleGAN2Discriminator(nn.Module):
 
     def forward(self, images: Tensor) -> Tensor:
         x = self._from_image(images)
+        if self.architecture != "skip":
+            for block in self.blocks:
+                x = _maybe_checkpoint(self.gradient_checkpointing, block, x)
+            return _at_least_fp32(self._epilogue(x))
+        image = images
         for block in self.blocks:
-            x = _maybe_checkpoint(self.gradient_checkpointing, block, x)
-        return _at_least_fp32(self._epilogue(x))
+            x, image = _maybe_checkpoint(self.gradient_checkpointing, block, x, image)
+        return _at_least_fp32(self._epilogue(x, image))
