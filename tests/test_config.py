@@ -188,6 +188,7 @@ def test_torch_build_architecture_rules(capability, arch_list, supported):
         ("Tesla V100-SXM2-16GB", (7, 0), False, "v100", "16-mixed"),
         ("NVIDIA A100-SXM4-80GB", (8, 0), True, "a100", "bf16-mixed"),
         ("NVIDIA H100 80GB HBM3", (9, 0), True, "h100", "bf16-mixed"),
+        ("NVIDIA H200", (9, 0), True, "h200", "bf16-mixed"),  # its own profile: no "tuned for H100" warning
         ("NVIDIA L4", (8, 9), True, "a100", "bf16-mixed"),  # unknown name: mapped by capability
         ("Tesla T4", (7, 5), False, "v100", "16-mixed"),
     ],
@@ -494,3 +495,18 @@ def test_train_py_refuses_a_key_the_datamodule_does_not_take(tmp_path):
     assert result.returncode != 0
     assert "data.root" in text and "MNISTDataConfig" in text and "Traceback" not in text
     assert not (tmp_path / "run" / "checkpoints").exists()
+
+
+def test_a_profile_of_your_own_is_detected_by_its_expected_gpu(tmp_path):
+    """Detection reads each profile's `expected_gpu`: a new file is enough, and the longest matching name wins (an
+    "H100 NVL" profile beats h100 on that GPU)."""
+    import shutil
+
+    from pixelsmith.hardware import cuda_profile_for
+    from pixelsmith.paths import CONF_DIR
+
+    shutil.copytree(CONF_DIR / "hardware", tmp_path / "hardware")
+    (tmp_path / "hardware" / "h100nvl.yaml").write_text("name: h100nvl\nexpected_gpu: H100 NVL\n")
+    assert cuda_profile_for("NVIDIA H100 NVL", (9, 0), tmp_path) == "h100nvl"
+    assert cuda_profile_for("NVIDIA H100 80GB HBM3", (9, 0), tmp_path) == "h100"
+    assert cuda_profile_for("NVIDIA H200", (9, 0), tmp_path) == "h200"

@@ -111,7 +111,9 @@ def cuda_profile_for(device_name: str, capability: tuple[int, int], conf_dir: Pa
     compute capability: 8.0 and newer a100, older v100. `resolve_plan` warns when the profile was made for another
     GPU."""
     upper = device_name.upper()
-    matches = [(len(gpu), profile) for gpu, profile in profiles_by_gpu(conf_dir).items() if gpu.upper() in upper]
+    matches = [
+        (len(gpu), profile) for gpu, profile in profiles_by_gpu(conf_dir).items() if gpu.upper() in upper
+    ]
     if matches:
         return max(matches)[1]
     return "a100" if capability >= (8, 0) else "v100"
@@ -193,7 +195,7 @@ _detected_here: str | None = None  # what register_detected_profile found in thi
 
 
 def register_detected_profile() -> str:
-    """Detect this machine's profile and store it for `hardware=auto`; returns its name (cpu, v100, a100, h100).
+    """Detect this machine's profile and store it for `hardware=auto`; returns its name (cpu, v100, a100, h100, h200, or a profile of your own).
 
     Call it before Hydra composes the training config: the entry points do at import, `compose` callers (tests, the
     benchmarks) before each compose. It stores `hardware/_detected` in Hydra's ConfigStore as a defaults list that
