@@ -507,17 +507,15 @@ class TrainingCore(L.LightningModule):
     def in_network_layout(self, images: torch.Tensor) -> torch.Tensor:
         """`images` in the networks' memory format with canonical strides. A compiled network guards on strides: real
         images and G's output must match exactly or D compiles twice. With one channel, channels_last and contiguous
-        tensors address memory alike but differ in the channel stride, which `.contiguous()` leaves as it is."""
+        tensors address memory alike but differ in the channel stride, which `.contiguous()` leaves as it is: the
+        NHWC view below sets it, with no copy and a backward that is a view too (as_strided's is a slow scatter)."""
         if not (self.core.channels_last and images.ndim == 4):
             return images
         images = images.contiguous(memory_format=torch.channels_last)
         n, c, h, w = images.shape
-        canonical = (c * h * w, 1, w * c, c)
-        return (
-            images
-            if images.stride() == canonical or n * c * h * w == 0
-            else images.as_strided(images.shape, canonical)
-        )
+        if images.stride() == (c * h * w, 1, w * c, c) or images.numel() == 0:
+            return images
+        return images.permute(0, 2, 3, 1).reshape(n, h * w * c).view(n, h, w, c).permute(0, 3, 1, 2)
 
     def count_skipped_files(self, flags: torch.Tensor) -> None:
         """Accumulate the loader's per-item "substituted for an unreadable file" flags into data/skipped_files."""
