@@ -592,6 +592,14 @@ STYLEGAN2_PAPER256 = (
     "model.discriminator.channel_max=512",
     "data.limit=1024",  # 1,024 digits upsampled to 256 px are plenty for a throughput cell
 )
+# R3GAN at the ffhq64 preset's widths (the reference's FFHQ-64 configuration), gamma as the preset starts.
+R3GAN_FFHQ64 = (
+    "model.generator.z_dim=64",
+    "model.generator.widths=[768,768,768,768,384]",
+    "model.generator.groups=[96,96,96,96,48]",
+    "model.objective.gamma=2.0",
+    "data.limit=2048",
+)
 # The same cells with tiny networks for a CPU dry run.
 DCGAN_TINY = ("model.generator.ngf=8", "model.discriminator.ndf=8", "data.limit=256")
 STYLEGAN2_TINY = (
@@ -618,8 +626,14 @@ def bench_cells(dry_run: bool) -> list[BenchCell]:
     return [
         BenchCell("DCGAN-64 b64 bf16-mixed", "dcgan", "bf16-mixed", 64, 64, ALL_KINDS),
         BenchCell("DCGAN-64 b64 32-true", "dcgan", "32-true", 64, 64, ALL_KINDS),
+        # Lazy R1 (every 16) and path length (every 4) on, as model=stylegan2 runs them; 40 timed iterations hold
+        # both in their proportion. 16-mixed: fp16 in the top 4 resolutions with clamp 256, NVlabs' configuration.
         BenchCell("StyleGAN2-256 paper width b32 bf16-mixed", "stylegan2", "bf16-mixed", 32, 256,
-                  ("template", "plain"), STYLEGAN2_PAPER256, 5, 20),
+                  ("template", "template_graphs", "plain"), STYLEGAN2_PAPER256, 48, 48),
+        BenchCell("StyleGAN2-256 paper width b32 16-mixed", "stylegan2", "16-mixed", 32, 256,
+                  ("template", "template_graphs", "plain"), STYLEGAN2_PAPER256, 48, 48),
+        BenchCell("R3GAN-64 ffhq64 width b512 bf16-mixed", "r3gan", "bf16-mixed", 512, 64,
+                  ("template", "template_graphs", "plain"), R3GAN_FFHQ64, 10, 40),
     ]  # fmt: skip
 
 
@@ -717,6 +731,8 @@ def stage_bench(args, env: Environment, report: StageReport, deadline: Deadline)
                 flops_of[cell.label] = result["flops_per_iteration"]
         _bench_rows(report, cells, results, flops_of, env)
         report.write()
+    if getattr(args, "nvlabs_path", None) and not args.only:
+        _nvlabs_phases(args, env, report, deadline)
     peaks = sorted(
         {row["data"]["peak_source"] for row in report.rows if row.get("data", {}).get("peak_source")}
     )
@@ -727,6 +743,51 @@ def stage_bench(args, env: Environment, report: StageReport, deadline: Deadline)
         "Ratios are issue 21's targets, measured in this run. A cell skipped for time runs alone with "
         "`--only <part of its name>` (e.g. `--only 32-true`, `--only StyleGAN2`).",
     ]
+
+
+TARGET_PHASE_RATIO_NVLABS = 1.5  # StyleGAN2 paper256: ours at least 1.5x NVlabs' networks on every phase
+
+
+def _nvlabs_phases(args, env: Environment, report: StageReport, deadline: Deadline) -> None:
+    """`benchmarks.sg2_reference`: our StyleGAN2 (bf16, compiled) against NVlabs' own networks (their paper
+    configuration, fp16 in the top 4 resolutions, their CUDA ops where nvcc builds them) per phase, at paper256 width
+    and batch 32 on a GPU (tiny on a CPU dry run)."""
+    from benchmarks.sg2_reference import PHASES, RESULT_PREFIX
+
+    sizes = (
+        ["--resolution", "16", "--batch-size", "4", "--z-dim", "16", "--mapping-layers", "1", "--channel-base", "128",
+         "--channel-max", "16", "--repeats", "1", "--warmup", "1"]
+        if env.dry_run
+        else ["--resolution", "256", "--batch-size", "32", "--z-dim", "512", "--mapping-layers", "8",
+              "--channel-base", "16384", "--channel-max", "512", "--repeats", "5", "--warmup", "2",
+              "--precision", "bf16", "--nvlabs-fp16", "--compile"]
+    )  # fmt: skip
+    command = [sys.executable, "-m", "benchmarks.sg2_reference", "--device", env.device, "--no-legacy",
+               "--nvlabs-path", str(args.nvlabs_path), *sizes]  # fmt: skip
+    label = "StyleGAN2 per phase vs NVlabs' networks"
+    timeout = deadline.timeout_for(args.step_limit)
+    if timeout is None:
+        report.add(cell=label, kind="all phases", result="skipped: no time left", status="skip")
+        return
+    outcome = run_bounded(command, timeout, report.work / "sg2_reference.log")
+    lines = [line for line in outcome.output.splitlines() if line.startswith(RESULT_PREFIX)]
+    if not outcome.ok or not lines:
+        report.add(cell=label, kind="all phases", result=outcome.problem(), status="fail")
+        return
+    found = json.loads(lines[-1][len(RESULT_PREFIX) :])
+    ours, theirs = found["rates"]["ours (fir)"], found["rates"]["NVlabs"]
+    for phase in PHASES:
+        ratio = ours[phase] / theirs[phase]
+        met = "ok" if env.dry_run else "met" if ratio >= TARGET_PHASE_RATIO_NVLABS else "not met"
+        report.add(
+            cell=label,
+            kind=phase,
+            img_per_s=ours[phase],
+            result=f"{ratio:.2f}x NVlabs' {theirs[phase]:,.1f} img/s (target {TARGET_PHASE_RATIO_NVLABS}x); "
+            + (found.get("header") or ""),
+            status=met,
+            data=found,
+        )
 
 
 def _bench_rows(report, cells, results, flops_of, env) -> None:
@@ -1272,6 +1333,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="bench stage on CUDA: compile as the GPU profiles do (false: eager cells)",
     )  # fmt: skip
     parser.add_argument("--stylize-precision", default="32-true", help="style stage: stylize.py's precision")
+    parser.add_argument(
+        "--nvlabs-path",
+        default=None,
+        help="bench stage: a checkout of NVlabs/stylegan2-ada-pytorch to time per phase",
+    )
     parser.add_argument("--child-stylize", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.child_stylize is None and args.stage is None and not args.all:

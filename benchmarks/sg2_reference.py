@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import json
 import statistics
 import sys
 import time
@@ -50,6 +51,7 @@ from pixelsmith.gan.networks.stylegan2 import StyleGAN2Discriminator, StyleGAN2G
 from pixelsmith.perf.flops import count_flops
 
 PHASES = ("Gmain", "Dmain", "R1")
+RESULT_PREFIX = "SG2_REFERENCE_RESULT "
 
 
 @dataclass
@@ -281,6 +283,14 @@ def main(argv: list[str] | None = None) -> int:
                 f"{rates[p.name] / rates[reference]:>37.2f}x" for p in pairs if p.name != reference
             )
         print(row)
+    # One machine-readable line for `gpu_check --stage bench`: images/s per network pair and phase.
+    rates = {
+        pair.name: {
+            phase: args.batch_size / statistics.median(seconds[(pair.name, phase)]) for phase in PHASES
+        }
+        for pair in pairs
+    }
+    print(RESULT_PREFIX + json.dumps({"rates": rates, "header": ops.lstrip("; ") or None}), flush=True)
     print("\nGFLOPs per phase step (FlopCounterMode: convolutions, matmuls)")
     print(f"{'phase':<7}" + "".join(f"{pair.name:>34}" for pair in pairs))
     for phase in PHASES:

@@ -266,7 +266,9 @@ def _process_state_is_restored():
     `pytest --all tests/test_fsdp.py` followed by a 2-process test); tests/test_conftest.py checks this."""
     environ = dict(os.environ)
     threads = torch.get_num_threads()
+    recompile_limit = torch._dynamo.config.recompile_limit  # compile_scope=blocks raises it
     yield
+    torch._dynamo.config.recompile_limit = recompile_limit
     if torch.distributed.is_available() and torch.distributed.is_initialized():
         torch.distributed.destroy_process_group()
     # Launch variables go back to the session's even when a module-scoped fixture's run wrote them before this

@@ -431,3 +431,49 @@ def test_the_startup_stage_tables_each_preset_cold_and_warm_against_the_targets(
         ("r3gan_ffhq64", "cold", "skip"),
     ]
     assert rows[0]["counts"] == "4 / 2 / 0" and "G 30.0 s" in rows[0]["compile"]
+
+
+def test_the_bench_stage_tables_stylegan2_per_phase_against_nvlabs_networks(tmp_path, monkeypatch):
+    """With --nvlabs-path, sg2_reference's result line becomes one row per phase with the ratio against the 1.5x
+    target; a failed reference run becomes a row that says so."""
+    from benchmarks.sg2_reference import RESULT_PREFIX
+
+    gpu = Environment("cuda", "NVIDIA H100", "2.14.1", "13.0", 91000, "580", "3.12")
+    report = gpu_check.StageReport("bench", gpu_check.COLUMNS["bench"], gpu, "cmd", 100, tmp_path, tmp_path)
+    rates = {
+        "ours (fir)": {"Gmain": 300.0, "Dmain": 150.0, "R1": 90.0},
+        "NVlabs": {"Gmain": 100.0, "Dmain": 100.0, "R1": 100.0},
+    }
+    seen = {}
+
+    def reference_run(command, timeout, log_path, env=None):
+        seen["command"] = command
+        output = (
+            "table\n"
+            + RESULT_PREFIX
+            + json.dumps({"rates": rates, "header": "NVlabs' custom CUDA ops built"})
+        )
+        return gpu_check.StepOutcome(0, False, 12.0, log_path, output)
+
+    monkeypatch.setattr(gpu_check, "run_bounded", reference_run)
+    args = type("Args", (), {"nvlabs_path": "/x/nvlabs", "step_limit": 100.0, "only": None})()
+    gpu_check._nvlabs_phases(args, gpu, report, Deadline(100.0))
+    assert (
+        "--nvlabs-fp16" in seen["command"] and "16384" in seen["command"] and "--compile" in seen["command"]
+    )
+    assert [(r["kind"], r["status"]) for r in report.rows] == [
+        ("Gmain", "met"),
+        ("Dmain", "met"),
+        ("R1", "not met"),
+    ]
+    assert report.rows[2]["result"].startswith("0.90x NVlabs' 100.0 img/s")
+
+    def failing(command, timeout, log_path, env=None):
+        return gpu_check.StepOutcome(
+            1, False, 3.0, log_path, "Traceback\nImportError: no training/networks.py"
+        )
+
+    monkeypatch.setattr(gpu_check, "run_bounded", failing)
+    report.rows = []
+    gpu_check._nvlabs_phases(args, gpu, report, Deadline(100.0))
+    assert report.rows[0]["status"] == "fail" and "ImportError" in report.rows[0]["result"]

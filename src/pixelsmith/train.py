@@ -204,11 +204,14 @@ def _quiet_library_logging() -> None:
 def run(cfg: DictConfig) -> dict[str, Any]:
     """Fit one run; returns the final logged metrics (floats, and `stop_reason`) for sweepers and tests."""
     threads = torch.get_num_threads()
+    recompile_limit = torch._dynamo.config.recompile_limit
     try:
         return _fit(cfg)
     finally:
-        # hardware.num_threads is process-wide: the next run of an in-process sweep (or test) starts as this did.
+        # hardware.num_threads and Dynamo's recompile limit (raised for compile_scope=blocks) are process-wide: the
+        # next run of an in-process sweep (or test) starts as this did.
         torch.set_num_threads(threads)
+        torch._dynamo.config.recompile_limit = recompile_limit
 
 
 def _fit(cfg: DictConfig) -> dict[str, Any]:
