@@ -169,7 +169,8 @@ def describe(result: dict[str, Any]) -> dict[str, str]:
     return {
         "first iteration": f"{m.get('startup/first_iteration_s', float('nan')):.1f} s",
         "last compile/capture": f"{m.get('startup/last_compile_or_capture_s', float('nan')):.1f} s",
-        "compile": f"{m.get('startup/compile_s', 0):.1f} s ({per_network or 'none'})",
+        "compile": f"{m.get('startup/compile_s', 0):.1f} s ({per_network or 'none'}); first runs outside compile "
+        f"(first kernels, cuDNN autotuning) {m.get('startup/first_runs_not_compile_s', 0):.1f} s",
         "graphs / recompiles / breaks": f"{m.get('startup/graphs', 0):.0f} / {m.get('startup/recompiles', 0):.0f} / "
         f"{m.get('startup/graph_breaks', 0):.0f}",
         "captures": f"{m.get('startup/captures', 0):.0f} in {m.get('startup/capture_s', 0):.1f} s",
