@@ -138,7 +138,7 @@ def test_blocks_scope_names_each_block_and_raises_the_recompile_limit(make_cfg, 
     )
     discriminator = StyleGAN2Discriminator(resolution=32, channels=3, channel_base=64, channel_max=16)
     assert compile_units(generator, "network") == [generator]
-    units = compile_units(generator, "auto")
+    units = compile_units(generator, "blocks")
     assert units[0] is generator.mapping and units[1:] == list(generator.synthesis.blocks)
     assert len(compile_units(discriminator, "blocks")) == 1 + len(discriminator.blocks) + 3
     assert torch._dynamo.config.recompile_limit == BLOCK_RECOMPILE_LIMIT

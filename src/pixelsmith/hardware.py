@@ -351,7 +351,7 @@ def resolve_plan(
         channels_last=flag("channels_last"),
         compile=flag("compile"),
         compile_mode=str(_get(hardware, "compile_mode") or "default"),
-        compile_scope=str(_get(hardware, "compile_scope") or "auto"),
+        compile_scope=str(_get(hardware, "compile_scope") or "network"),
         num_workers=num_workers if num_workers is not None else 0,
         pin_memory=flag("pin_memory") and accelerator == "cuda",
         batch_size=_get(hardware, "batch_size") or 64,

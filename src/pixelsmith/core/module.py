@@ -70,7 +70,7 @@ class CoreSettings:
     channels_last: bool = False
     compile: bool = False
     compile_mode: str = "default"
-    compile_scope: str = "auto"  # network | blocks (a network's compile_units()) | auto (blocks where named)
+    compile_scope: str = "network"  # network | blocks (each block a network's compile_units() names)
     cuda_graphs: bool = False  # hardware.cuda_graphs: the iteration replayed as CUDA graphs (core/graphs.py)
     seed: int = 42
     log_every_n_steps: int = 10
@@ -1055,7 +1055,7 @@ BLOCK_RECOMPILE_LIMIT = 128
 
 def compile_units(network: nn.Module, scope: str) -> list[nn.Module]:
     """What to compile of `network`: itself (scope network, or a network that names no blocks), or the blocks its
-    `compile_units()` names (scope blocks/auto). Blocks of one class at several resolutions are graphs of their own
+    `compile_units()` names (scope blocks). Blocks of one class at several resolutions are graphs of their own
     under one code object: Dynamo's recompile limit is raised to hold them all (else the rest would run eagerly)."""
     named = getattr(network, "compile_units", None)
     if scope == "network" or not callable(named):

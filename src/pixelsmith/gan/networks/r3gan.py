@@ -191,7 +191,7 @@ class R3GANGenerator(nn.Module):
         self.to_image = Conv(widths[-1], channels, 1)
 
     def compile_units(self) -> list[nn.Module]:
-        """Each stage's layers, compiled one by one (`hardware.compile_scope=blocks|auto`): a stage's residual blocks
+        """Each stage's layers, compiled one by one (`hardware.compile_scope=blocks`): a stage's residual blocks
         share their shapes, so one compiled graph serves them all."""
         return [*self.main, self.to_image]
 

@@ -650,7 +650,7 @@ class StyleGAN2Generator(nn.Module):
         self.mapping.in_fp32 = num_fp16_res is not None
 
     def compile_units(self) -> list[nn.Module]:
-        """What `hardware.compile_scope=blocks|auto` compiles, each its own graph: the mapping network and each
+        """What `hardware.compile_scope=blocks` compiles, each its own graph: the mapping network and each
         synthesis block (style mixing stays eager: a few small ops)."""
         return [self.mapping, *self.synthesis.blocks]
 
@@ -858,7 +858,7 @@ class StyleGAN2Discriminator(nn.Module):
         self.epilogue_in_fp32 = num_fp16_res is not None
 
     def compile_units(self) -> list[nn.Module]:
-        """What `hardware.compile_scope=blocks|auto` compiles, each its own graph: fromRGB, each block (with its own
+        """What `hardware.compile_scope=blocks` compiles, each its own graph: fromRGB, each block (with its own
         fromRGB under "skip"), the epilogue's layers (the minibatch-stddev statistic between them stays eager)."""
         epilogue_from_image = [] if self.epilogue_from_image is None else [self.epilogue_from_image]
         return [
