@@ -22,7 +22,7 @@ log = logging.getLogger(__name__)
 
 
 def flatten(config: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
-    """`{"a": {"b": 1}}` -> `{"a/b": 1}`; lists stay values (TensorBoard shows them as text)."""
+    """`{"a": {"b": 1}}` -> `{"a/b": 1}`; lists and empty dicts (`augment: {}`) stay values, shown as text."""
     flat: dict[str, Any] = {}
     for key, value in config.items():
         name = f"{prefix}{key}"
