@@ -2,6 +2,7 @@
 #   docker build -t pixelsmith .
 #   docker run --gpus all -v "$PWD/outputs:/workspace/outputs" pixelsmith                 # the main job
 #   docker run --gpus all -v "$PWD/outputs:/workspace/outputs" pixelsmith pixelsmith-train hardware=h100 ...
+#   docker run -v "$PWD/datasets:/workspace/datasets" pixelsmith pixelsmith-prepare source=... dest=... format=shards
 # The torch wheel from PyPI carries its own CUDA libraries; the base image supplies the CUDA user-space and the
 # NVIDIA container runtime the driver. Runs as an unprivileged user (uid 10001: Ubuntu images already have a
 # 1000); outputs go to /workspace/outputs (mount it).
@@ -31,7 +32,9 @@ COPY data ./data
 # that deletes a part's script builds without an edit here (README "Removing a part").
 COPY *.py ./
 COPY benchmarks ./benchmarks
-RUN pip install -c constraints.txt . \
+# With the stream extra: data=shards and `pixelsmith-prepare ... format=shards` need litdata (and its object-store
+# clients); simplejpeg speeds up JPEG decoding in the loader.
+RUN pip install -c constraints.txt ".[stream]" \
     && useradd --create-home --uid 10001 --user-group pixelsmith \
     && mkdir -p /workspace/outputs \
     && chown -R pixelsmith:pixelsmith /workspace

@@ -365,3 +365,41 @@ def test_data_mirror_reaches_the_datamodule_from_the_config(make_cfg):
     module = build_datamodule(cfg, build_plan(cfg))
     module.setup()
     assert module.mirror and len(module.train_set) == 16
+
+
+def test_fewer_digits_than_one_batch_stop_at_set_up_naming_the_counts_and_the_fix(make_cfg, tmp_path):
+    from pixelsmith.data.base import BatchSizeError
+
+    cfg = make_cfg("data.limit=20", "data.batch_size=64")
+    with pytest.raises(BatchSizeError) as caught:
+        run(cfg)
+    message = str(caught.value)
+    assert "data.limit=20 holds 20 images" in message and "(data.batch_size=64)" in message
+    assert "data.batch_size=20 or smaller" in message
+    # Refused before the run wrote anything: the corrected command can use the dir.
+    assert not (tmp_path / "run" / "final_metrics.json").exists()
+    assert not (tmp_path / "run" / "config_resolved.yaml").exists()
+    # Accumulation counts: 20 digits, 2 micro-batches of 16 = 32 per iteration.
+    with pytest.raises(
+        BatchSizeError, match=r"data.batch_size=16 x accumulate=2 = 32 images.*batch_size=10 or"
+    ):
+        run(make_cfg("data.limit=20", "data.batch_size=16", "accumulate=2", output="acc"))
+
+
+def test_exactly_one_batch_of_digits_trains(make_cfg, tmp_path):
+    metrics = run(make_cfg("data.limit=16", "data.batch_size=16", "max_steps=2", "precision=32-true"))
+    assert metrics["iteration"] == 2 and metrics["stop_reason"] == "max_steps"
+
+
+def test_an_image_folder_smaller_than_one_batch_stops_at_set_up(make_cfg, tmp_path):
+    from pixelsmith.data.base import BatchSizeError
+
+    _write_images(tmp_path / "images", 5)
+    cfg = make_cfg(
+        "data=image_folder", f"data.root={tmp_path / 'images'}", "data.resolution=16", "data.mirror=true"
+    )
+    with pytest.raises(BatchSizeError) as caught:
+        run(cfg)
+    # 5 files and their 5 flipped copies: 10 images for a batch of 16.
+    assert "holds 10 images" in str(caught.value) and "data.batch_size=10 or smaller" in str(caught.value)
+    assert not (tmp_path / "run" / "config_resolved.yaml").exists()

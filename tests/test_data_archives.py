@@ -363,3 +363,38 @@ def test_asking_for_labels_an_archive_lacks_names_the_fix(tmp_path):
     archive = _zip_of(tmp_path / "u.zip", {"a.png": _png(1)})
     with pytest.raises(ArchiveError, match="data.labels=true, but .* has no labels"):
         ZipDataModule(str(archive), resolution=8, labels=True, batch_size=1).setup()
+
+
+def test_an_archive_smaller_than_one_batch_stops_at_set_up_naming_the_counts(tmp_path):
+    from pixelsmith.data.base import BatchSizeError
+
+    archive = _zip_of(tmp_path / "five.zip", {f"00000/img{i:08d}.png": _png(10 * i) for i in range(5)})
+    with pytest.raises(
+        BatchSizeError, match=r"five.zip' holds 5 images.*\(data.batch_size=8\).*batch_size=5 or"
+    ):
+        ZipDataModule(str(archive), resolution=8, batch_size=8).check_data()
+    module = ZipDataModule(str(archive), resolution=8, batch_size=5)  # exactly one batch is enough
+    module.setup()
+    assert len(module.train_set) == 5
+
+
+@pytest.mark.parametrize(
+    ("dest", "fmt", "message"),
+    [
+        ("s3://bucket/x", "shards", "aws s3 sync datasets/x s3://bucket/x"),
+        ("gs://bucket/x", "auto", "gcloud storage rsync -r datasets/x gs://bucket/x"),
+        ("s3://bucket/x.zip", "auto", "data=zip reads an archive from a local path only"),
+        ("s3://bucket/x", "zip", "data=zip reads an archive from a local path only"),
+    ],
+)
+def test_an_object_store_dest_is_refused_and_writes_no_folder_named_after_the_url(
+    tmp_path, monkeypatch, capsys, dest, fmt, message
+):
+    source = _classes_folder(tmp_path / "images", per_class=1)
+    work = tmp_path / "work"
+    work.mkdir()
+    monkeypatch.chdir(work)
+    assert main([f"source={source}", f"dest={dest}", f"format={fmt}", "resolution=8", "progress=false"]) == 2
+    said = capsys.readouterr()
+    assert message in said.err and "wrote" not in said.out
+    assert list(work.iterdir()) == []  # no `s3:` folder (Path("s3://bucket/x") is s3:/bucket/x)

@@ -6,6 +6,7 @@ naming it; a folder without shards names the command that writes them. Local fol
 from __future__ import annotations
 
 import io
+import json
 import os
 from pathlib import Path
 
@@ -139,3 +140,70 @@ def test_a_folder_without_shards_names_the_command_that_writes_them(tmp_path):
         ShardsError, match=r"no index.json.*python prepare.py source=<images> dest=.* format=shards"
     ):
         ShardsDataModule(str(tmp_path), resolution=8, batch_size=2).setup()
+
+
+def _shards_run(path: Path, out: Path, *extra: str):
+    overrides = [
+        *FAST,
+        "model.generator.ngf=16",
+        "model.discriminator.ndf=16",
+        "data=shards",
+        f"data.path={path}",
+    ]
+    overrides += [
+        "data.resolution=16",
+        "data.num_workers=0",
+        "train.sample_every_n_steps=0",
+        "precision=32-true",
+    ]
+    return compose_config([*overrides, "max_steps=3", *extra], out)
+
+
+def test_shards_smaller_than_one_batch_stop_at_set_up_naming_the_counts_and_the_fix(tmp_path):
+    from pixelsmith.data.base import BatchSizeError
+
+    path = _shards(tmp_path, count=20, resolution=16)
+    with pytest.raises(BatchSizeError) as caught:
+        run(_shards_run(path, tmp_path / "run", "data.batch_size=64"))
+    message = str(caught.value)
+    assert "holds 20 images" in message and "(data.batch_size=64)" in message
+    assert (
+        "drop_last" in message
+        and "train 0 iterations" in message
+        and "data.batch_size=20 or smaller" in message
+    )
+    assert not (tmp_path / "run" / "final_metrics.json").exists()
+    # data.limit counts too: 20 stored, 8 used, batch 16.
+    with pytest.raises(BatchSizeError, match=r"data.limit=8 holds 8 images"):
+        run(_shards_run(path, tmp_path / "limited", "data.limit=8"))
+
+
+def test_a_run_that_gets_no_batch_is_an_error_never_stop_reason_max_steps(tmp_path, monkeypatch):
+    """Past the set-up check (switched off here), a loader that yields nothing ends fit at once: the run says so and
+    final_metrics.json records stop_reason data_exhausted."""
+    from pixelsmith.data.base import ImageDataModule
+    from pixelsmith.train import DataExhaustedError
+
+    monkeypatch.setattr(ImageDataModule, "check_fits_one_batch", lambda self, *args, **kwargs: None)
+    with pytest.raises(DataExhaustedError, match=r"iteration 0 of max_steps=3, having trained 0 iterations"):
+        run(_shards_run(_shards(tmp_path, count=20, resolution=16), tmp_path / "run", "data.batch_size=64"))
+    final = json.loads((tmp_path / "run" / "final_metrics.json").read_text())
+    assert final["stop_reason"] == "data_exhausted" and final["iteration"] == 0
+
+
+def test_the_chunk_cache_size_is_a_config_key_said_once_not_every_epoch(tmp_path, caplog):
+    path = str(_shards(tmp_path, count=10))
+    module = ShardsDataModule(path, resolution=8, batch_size=5, max_cache_size="2GB")
+    with caplog.at_level("INFO"):
+        module.setup()
+        for _epoch in range(3):
+            assert len(list(module.train_dataloader())) == 2
+    assert module.train_set.max_cache_size == "2GB"
+    assert caplog.text.count("chunk cache holds at most 2GB (data.max_cache_size)") == 1
+    assert "max_cache_size is unset" not in caplog.text  # litdata's line, once per epoch without a size
+    assert (
+        compose_config([*FAST, "data=shards", f"data.path={path}"], tmp_path / "c").data.max_cache_size
+        == "50GB"
+    )
+    with pytest.raises(ShardsError, match=r"data.max_cache_size='0.5'.*e.g. data.max_cache_size=50GB"):
+        ShardsDataModule(path, resolution=8, batch_size=5, max_cache_size="0.5")

@@ -48,6 +48,9 @@ def test_the_dockerfile_installs_the_tested_set_and_runs_the_main_job_as_a_user(
     )  # an official CUDA image
     install = next(a for k, a in steps if k == "RUN" and "pip install" in a)
     assert "-c constraints.txt" in install
+    assert (
+        '".[stream]"' in install
+    )  # data=shards and pixelsmith-prepare format=shards need litdata in the image
     user = kinds.index("USER")
     assert args["USER"].split(":")[0] not in ("0", "root")
     assert user < kinds.index("CMD") and "RUN" not in kinds[user:]  # nothing after it runs as root

@@ -29,6 +29,7 @@ JUNK = shutil.ignore_patterns("__pycache__", "*.pyc", "*.egg-info", "build")
 SCRIPTS = {
     "pixelsmith-train": "pixelsmith.cli.train:main",
     "pixelsmith-evaluate": "pixelsmith.cli.evaluate:main",
+    "pixelsmith-prepare": "pixelsmith.cli.prepare:main",
 }
 
 
@@ -179,6 +180,50 @@ print(json.dumps({
     assert Path(resolved.paths.data_dir).resolve() == package / "embedded_data"
     sources = OmegaConf.load(run_dir / ".hydra" / "hydra.yaml").hydra.runtime.config_sources
     assert any(s.provider == "main" and Path(s.path).resolve() == package / "conf" for s in sources)
+
+
+@pytest.mark.slow
+def test_plain_install_prepares_a_dataset_with_pixelsmith_prepare(wheel, tmp_path):
+    """`python -m pixelsmith.cli.prepare` (what `pixelsmith-prepare` calls) from the wheel alone: images -> a zip."""
+    from PIL import Image
+
+    site = tmp_path / "site"
+    with zipfile.ZipFile(wheel) as archive:
+        archive.extractall(site)
+    images = tmp_path / "images"
+    images.mkdir()
+    for i in range(3):
+        Image.new("RGB", (20, 12), (40 * i, 0, 0)).save(images / f"{i}.png")
+    work = tmp_path / "work"
+    work.mkdir()
+    env = {"PYTHONPATH": str(site)}
+    probe = "import pixelsmith.cli.prepare as m; print(m.__file__)"
+    result = run_cli(["-c", probe], cwd=work, timeout=60, env_extra=env)
+    assert Path(result.stdout.strip()).resolve() == (site / "pixelsmith" / "cli" / "prepare.py").resolve()
+    args = [
+        "-m",
+        "pixelsmith.cli.prepare",
+        f"source={images}",
+        "dest=out.zip",
+        "resolution=8",
+        "progress=false",
+    ]
+    result = run_cli(args, cwd=work, timeout=120, env_extra=env)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    assert "wrote 3 images to out.zip (8x8, 3 channels" in result.stdout
+    with zipfile.ZipFile(work / "out.zip") as archive:
+        assert sorted(archive.namelist()) == [
+            "00000/img00000000.png",
+            "00000/img00000001.png",
+            "00000/img00000002.png",
+            "dataset.json",
+        ]
+    result = run_cli(["-m", "pixelsmith.cli.prepare", "--help"], cwd=work, timeout=60, env_extra=env)
+    assert "pixelsmith-prepare source=IN dest=OUT.zip resolution=N" in result.stdout
+    result = run_cli(
+        ["-m", "pixelsmith.cli.prepare", "source=x", "dest=y.zip"], cwd=work, timeout=60, env_extra=env
+    )
+    assert result.returncode == 2 and result.stderr.startswith("pixelsmith-prepare: ")
 
 
 def test_checkout_resolves_conf_and_data_to_the_repository_folders():

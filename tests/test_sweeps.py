@@ -125,6 +125,9 @@ def test_a_sweep_job_worse_than_the_median_stops_and_its_trial_is_recorded_prune
     assert pruned.state.name == "PRUNED" and pruned.user_attrs == {PRUNED_AT_ATTR: 2}
     assert pruned.value == pruned.intermediate_values[2] and list(pruned.intermediate_values) == [2]
     assert '"optuna/pruned_at": 2.0' in (tmp_path / "sweep" / "0" / "result.json").read_text()
+    assert (
+        '"stop_reason": "pruned"' in (tmp_path / "sweep" / "0" / "result.json").read_text()
+    )  # not max_steps
     assert f"| {pruned.number} | pruned |" in (tmp_path / "sweep" / "summary.md").read_text()
 
 

@@ -22,6 +22,8 @@ from omegaconf import DictConfig, OmegaConf
 
 from pixelsmith.builders import build_core_settings, build_datamodule, build_model, build_plan
 from pixelsmith.callbacks.host_sync import HostSyncCheck
+from pixelsmith.callbacks.model_summary import ParameterSummary
+from pixelsmith.callbacks.progress import ConsoleMetrics
 from pixelsmith.callbacks.step_results import StepResultsRelease
 from pixelsmith.config.validate import validate_config
 from pixelsmith.core.fsdp import MultiNetworkFSDPStrategy
@@ -37,6 +39,7 @@ from pixelsmith.hardware import RuntimePlan, apply_plan
 from pixelsmith.launch import die_with_parent, started_by_lightning_launcher, under_slurm_job
 from pixelsmith.launch import global_rank as launch_global_rank
 from pixelsmith.loggers.csv import align_metrics_with_resume
+from pixelsmith.loggers.run_config import attach_objective, log_run_config
 from pixelsmith.perf import build_callbacks as build_perf_callbacks
 from pixelsmith.perf import prepare_run as prepare_perf
 from pixelsmith.report import write_run_report
@@ -110,6 +113,9 @@ def build_trainer(cfg: DictConfig, plan: RuntimePlan) -> L.Trainer:
     # StepResultsRelease always: without it Lightning converts the last logged progress-bar value with `.item()` at
     # every batch end (a GPU sync per iteration; callbacks/step_results.py).
     callbacks = _instantiate_group(cfg.get("callbacks")) + build_perf_callbacks(cfg) + [StepResultsRelease()]
+    # The losses, learning rate and ADA's p on the console where no live bar shows them; the model summary without
+    # Lightning's FLOPs column, which reads 0 for a module without example_input_array (callbacks/model_summary.py).
+    callbacks += [ConsoleMetrics(), ParameterSummary()]
     if cfg.train.get("host_sync_check", "off") != "off":
         # First, so that in step scope its window closes before the sample/evaluation/checkpoint callbacks read
         # the device.
@@ -128,6 +134,7 @@ def build_trainer(cfg: DictConfig, plan: RuntimePlan) -> L.Trainer:
         logger=_instantiate_group(cfg.get("logger")) or False,
         callbacks=callbacks,
         enable_checkpointing=False,  # IterationCheckpoint does it on the iteration counter, atomically
+        enable_model_summary=False,  # ParameterSummary above instead of Lightning's default one
         enable_progress_bar=cfg.train.progress_bar,
         use_distributed_sampler=False,  # IterationSampler shards by rank and resumes by iteration
         limit_val_batches=0,
@@ -135,6 +142,54 @@ def build_trainer(cfg: DictConfig, plan: RuntimePlan) -> L.Trainer:
         log_every_n_steps=cfg.train.log_every_n_steps,
         default_root_dir=cfg.paths.output_dir,
     )
+
+
+class DataExhaustedError(PixelsmithError, RuntimeError):
+    """Training ended before max_steps without a reason of its own: the data loader ran out of batches."""
+
+    def __init__(self, iteration: int, max_steps: int, start: int):
+        trained = iteration - start
+        super().__init__(
+            f"Training ended at iteration {iteration} of max_steps={max_steps}, having trained {trained} "
+            f"iteration{'s' if trained != 1 else ''} in this run: the data loader gave no more batches. A loader that "
+            "keeps whole batches only (drop_last) gives none when the dataset holds fewer images than one batch "
+            "(data.batch_size x accumulate): use a smaller data.batch_size, or more images. final_metrics.json says "
+            "stop_reason: data_exhausted."
+        )
+
+
+def stop_reason(model, budget, metrics: dict[str, Any], max_steps: int) -> str:
+    """Why training ended: a signal, the time budget, Optuna's pruning, max_steps, or else the data ran out (never
+    "max_steps" for a run that did not get there)."""
+    if model.preempted_by is not None:
+        return "preempted"
+    if budget.stopped_at_iteration is not None:
+        return "time_budget"
+    if "optuna/pruned_at" in metrics:
+        return "pruned"
+    if model.iteration >= max_steps:
+        return "max_steps"
+    return "data_exhausted"
+
+
+def run_summary(metrics: dict[str, Any], max_steps: int, output_dir: Path, report: Path | None) -> str:
+    """The one end-of-run paragraph on the console: why and where training stopped, the best evaluation, the files."""
+    lines = [
+        f"Run finished: {metrics['stop_reason']} at iteration {int(metrics['iteration'])} of "
+        f"max_steps={max_steps}."
+    ]
+    best = {k: v for k, v in metrics.items() if k.startswith("eval/best_") and k != "eval/best_iteration"}
+    for name, value in best.items():
+        at = metrics.get("eval/best_iteration")
+        where = f" at iteration {int(at)}" if isinstance(at, float) and at == at else ""
+        lines.append(f"  best {name.removeprefix('eval/best_')}: {value:.4g}{where}")
+    if not best:
+        lines.append("  no evaluation (eval.every_n_steps=0, or the run ended before the first)")
+    lines.append(f"  run dir: {output_dir}")
+    lines.append(
+        f"  report:  {report}" if report is not None else "  report:  not written (see the warning above)"
+    )
+    return "\n".join(lines)
 
 
 class RankDiedError(PixelsmithError, RuntimeError):
@@ -199,6 +254,20 @@ def _quiet_library_logging() -> None:
     # The EMA generator is in eval mode on purpose (BatchNorm statistics are copied, not updated).
     warnings.filterwarnings("ignore", message=r"Found \d+ module\(s\) in eval mode")
     warnings.filterwarnings("ignore", message=r".*LeafSpec.*is deprecated")
+    # Lightning compares the loader's length with log_every_n_steps; ours is the iterations left to train (a resume
+    # near max_steps, or max_steps below the interval), and the module logs the last iteration whatever the interval.
+    warnings.filterwarnings(
+        "ignore", message=r"The number of training batches .* is smaller than the logging interval"
+    )
+    # Lightning's advertisement for its cloud logger, printed at every Trainer construction.
+    rank_zero_logger = logging.getLogger("lightning.pytorch.utilities.rank_zero")
+    if not any(isinstance(f, _DropAdvertisement) for f in rank_zero_logger.filters):
+        rank_zero_logger.addFilter(_DropAdvertisement())
+
+
+class _DropAdvertisement(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "litlogger" not in str(record.msg)
 
 
 def run(cfg: DictConfig) -> dict[str, Any]:
@@ -292,6 +361,8 @@ def _fit_in(
                 cfg.max_steps,
                 core.time_budget.minutes,
             )
+    if trainer.is_global_zero:
+        log_run_config(trainer.loggers, core.run_config)  # TensorBoard's HParams, W&B's and MLflow's config
     try:
         trainer.fit(model, datamodule=datamodule, ckpt_path=ckpt_path, weights_only=True)
     except PixelsmithError:
@@ -318,14 +389,6 @@ def _fit_in(
         model.startup.metrics()
     )  # launch to first iteration, compile and capture (core/startup.py)
     budget = core.time_budget
-    # Why training ended, next to how far it got: "max_steps" or "time_budget" (train.time_budget_minutes).
-    metrics["stop_reason"] = (
-        "preempted"
-        if model.preempted_by is not None
-        else "time_budget"
-        if budget.stopped_at_iteration is not None
-        else "max_steps"
-    )
     if budget.enabled:
         metrics["train/time_budget_minutes"] = float(budget.minutes)
     if budget.elapsed_at_stop_s is not None:
@@ -335,15 +398,22 @@ def _fit_in(
         # here, so a sweep can optimise e.g. `objective=eval/best_fid`.
         if callable(getattr(callback, "final_metrics", None)):
             metrics.update(callback.final_metrics())
+    # Why training ended, next to how far it got (train.time_budget_minutes, Optuna's pruning, a signal).
+    metrics["stop_reason"] = stop_reason(model, budget, metrics, cfg.max_steps)
     if trainer.is_global_zero:
         # Whole or not at all: a Ctrl-C here stops at once (core/preemption.py).
         partial = output_dir / ".final_metrics.json.partial"
         partial.write_text(json.dumps(metrics, indent=2, sort_keys=True))
         os.replace(partial, output_dir / "final_metrics.json")
+        report = output_dir / "report.html"
         try:
             write_run_report(output_dir)  # report.html: curves, samples, perf, config in one offline page
         except Exception as err:  # a report must never cost a finished run its result
             log.warning("Could not write report.html (%s: %s).", type(err).__name__, err)
+        attach_objective(trainer.loggers, core.run_config, cfg.get("objective"), metrics)
+        log.info("%s", run_summary(metrics, cfg.max_steps, output_dir, report if report.is_file() else None))
+    if metrics["stop_reason"] == "data_exhausted":
+        raise DataExhaustedError(int(model.iteration), cfg.max_steps, resume_iteration or 0)
     if model.preempted_by is not None:
         requeue_on = {signal_number(name) for name in cfg.train.preemption.requeue_on}
         requeue = cfg.train.preemption.requeue and model.preempted_by in requeue_on

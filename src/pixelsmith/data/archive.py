@@ -281,6 +281,12 @@ class ZipDataModule(DecodesOnDevice, ImageDataModule):
     def check_data(self) -> None:
         """The set-up's checks, before the run writes anything (ImageDataModule.check_data)."""
         self._readable = self._readable_names()
+        self._check_batch(self._readable)
+
+    def _check_batch(self, readable: list[str]) -> None:
+        where = f"data.path={str(self.path)!r}" + (f" with data.limit={self.limit}" if self.limit else "")
+        where += " (and data.mirror's flipped copies)" if self.mirror else ""
+        self.check_fits_one_batch(len(readable) * (2 if self.mirror else 1), where)
 
     def label_classes(self) -> int | None:
         if not self.use_labels:
@@ -330,6 +336,7 @@ class ZipDataModule(DecodesOnDevice, ImageDataModule):
         if self.train_set is not None:
             return
         readable = self._readable if self._readable is not None else self._readable_names()
+        self._check_batch(readable)
         source = self._source()
         labels = source.label_tensor(readable) if self.use_labels else None
         self.set_decoder(self._choose_decoder(readable))

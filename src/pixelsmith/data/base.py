@@ -117,6 +117,36 @@ class ImageDataModule(L.LightningDataModule):
         at another resolution), which train.py runs before the run writes anything, so a refusal leaves the run dir
         free for the corrected command. Nothing to check here; a source that can fail overrides it."""
 
+    def check_fits_one_batch(self, count: int, where: str, drops_partial: bool = False) -> None:
+        """Refuse a dataset with fewer images than one iteration draws (`data.batch_size` x `accumulate`).
+
+        The shards' loader keeps whole batches only (drop_last: every rank and worker must yield the same number), so
+        such a dataset gives no batch at all and the run would end at once having trained nothing; the other sources
+        would fill every batch with repeats of the same few images. Either way it is refused here, at set-up."""
+        needed = self.batch_size * self.accumulate
+        if count >= needed:
+            return
+        per_iteration = f"data.batch_size={self.batch_size}" + (
+            f" x accumulate={self.accumulate} = {needed} images" if self.accumulate > 1 else ""
+        )
+        if drops_partial:
+            consequence = (
+                "Its loader keeps whole batches only (drop_last, so that every process and loader worker yields "
+                "the same number), so not one batch would come and the run would train 0 iterations."
+            )
+        else:
+            consequence = "Every batch would repeat the same images several times."
+        largest = count // self.accumulate
+        fix = (
+            f"Use data.batch_size={largest} or smaller"
+            if largest >= 1
+            else f"Use a smaller accumulate (at most {count})"
+        )
+        raise BatchSizeError(
+            f"{where} holds {count} image{'s' if count != 1 else ''}, fewer than one iteration takes "
+            f"({per_iteration}). {consequence} {fix}, or train on more images."
+        )
+
     def label_classes(self) -> int | None:
         """The classes the loader's integer labels span (largest + 1), which a conditional model's c_dim must
         cover; 0 when it yields no labels, None when that is unknown before reading the data (vector labels)."""

@@ -101,3 +101,4 @@ class ShardsDataConfig(DataConfig):
     shuffle: bool = True  # chunks and samples shuffled per epoch from the run's seed
     cache_dir: str | None = None  # where chunks of a remote path are cached (null: litdata's default)
     decoder: str = choice(Decoder, "auto")  # auto | pil | simplejpeg | nvjpeg (data/decode.py)
+    max_cache_size: str = "50GB"  # the most disk litdata's chunk cache may take (a size with its unit)

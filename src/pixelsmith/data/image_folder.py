@@ -203,6 +203,13 @@ class ImageFolderDataModule(ImageDataModule):
         """The set-up's checks, run by train.py before the run writes anything: a missing or empty folder, broken or
         far too small images under data.on_corrupt=error, no usable image at all. setup() reuses the verdicts."""
         self._usable = self._usable_files()
+        self._check_batch(self._usable)
+
+    def _check_batch(self, usable: list[Path]) -> None:
+        where = f"data.root={self.root!r}" + (f" with data.limit={self.limit}" if self.limit else "")
+        where += " (and data.mirror's flipped copies)" if self.mirror else ""
+        # The usable images only: the ones the check above left out were named in its warnings.
+        self.check_fits_one_batch(len(usable) * (2 if self.mirror else 1), where)
 
     def _files(self) -> list[Path]:
         files = list_images(self.root, self.extensions)
@@ -263,6 +270,7 @@ class ImageFolderDataModule(ImageDataModule):
         if self.train_set is not None:
             return
         readable = self._usable if self._usable is not None else self._usable_files()
+        self._check_batch(readable)
         dataset = ImageFolderDataset(readable, self.resolution, self.channels, self.on_corrupt)
         self.train_set = MirroredDataset(dataset) if self.mirror else dataset
 

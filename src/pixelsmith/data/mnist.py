@@ -112,6 +112,19 @@ class MNISTDataModule(ImageDataModule):
         self.channels = channels
         self.limit = limit
 
+    def _where(self) -> str:
+        where = f"data=mnist with data.limit={self.limit}" if self.limit else "data=mnist"
+        return where + (" (and data.mirror's flipped copies)" if self.mirror else "")
+
+    def check_data(self) -> None:
+        """Enough digits for one batch (ImageDataModule.check_data), counted without decoding them."""
+        if not MNIST_FILE.is_file():
+            return  # setup's load_mnist names the missing file and how to restore it
+        with np.load(MNIST_FILE, allow_pickle=False) as npz:
+            available = int(npz["labels"].shape[0])
+        count = min(self.limit, available) if self.limit else available
+        self.check_fits_one_batch(count * (2 if self.mirror else 1), self._where())
+
     def label_classes(self) -> int | None:
         if not self.labels:
             return 0
@@ -131,6 +144,7 @@ class MNISTDataModule(ImageDataModule):
             self.mirror
         ):  # NVlabs' --mirror: the x-flipped copies after the originals, held as one tensor (on_device)
             images, labels = torch.cat([images, images.flip(-1)]), torch.cat([labels, labels])
+        self.check_fits_one_batch(images.shape[0], self._where())
         self.train_set = TensorImageDataset(images, labels if self.labels else None)
 
     def reference_source(self, seed: int = 0):

@@ -84,17 +84,18 @@ HELP = """\
 Turn images into a training dataset: a StyleGAN2-ADA zip (data=zip) or streaming shards (data=shards).
 
 Usage:
-  python prepare.py source=IN dest=OUT.zip resolution=N [key=value ...]
-  python prepare.py source=IN dest=OUT_DIR format=shards resolution=N [key=value ...]
+  {prog} source=IN dest=OUT.zip resolution=N [key=value ...]
+  {prog} source=IN dest=OUT_DIR format=shards resolution=N [key=value ...]
 
 Examples:
-  python prepare.py source=~/photos dest=datasets/photos64.zip resolution=64
-  python prepare.py source=~/animals dest=datasets/animals.zip resolution=128 labels=subfolders
-  python prepare.py source=ffhq.zip dest=/data/ffhq64 format=shards resolution=64 encoding=jpeg
+  {prog} source=~/photos dest=datasets/photos64.zip resolution=64
+  {prog} source=~/animals dest=datasets/animals.zip resolution=128 labels=subfolders
+  {prog} source=ffhq.zip dest=/data/ffhq64 format=shards resolution=64 encoding=jpeg
 
 Options (key=value, defaults in brackets):
   source          a folder (recursive), a zip, or a .txt list of image paths (a tab and a label may follow)
-  dest            the output: a .zip, or a folder for format=shards
+  dest            the output on a local disk: a .zip, or a folder for format=shards (for an object store,
+                  write a local folder and copy it to the bucket; data=shards reads s3://... itself)
   resolution      the output square's side in pixels (required)
   transform       center-crop | center-crop-wide | pad | none [center-crop]
   filter          lanczos | bicubic | bilinear | box | nearest: the resize filter [lanczos]
@@ -461,7 +462,32 @@ def check_options(options: PrepareOptions) -> str:
     fmt = options.format
     if fmt == "auto":
         fmt = "zip" if options.dest.lower().endswith(".zip") else "shards"
+    check_local_dest(options.dest, fmt)
     return fmt
+
+
+def check_local_dest(dest: str, fmt: str) -> None:
+    """Refuse an object-store URL as dest (s3://, gs://, ...): written as a path it became a local folder named
+    after the scheme (`s3:/bucket/x`), and the run still said it wrote the images."""
+    scheme, separator, rest = dest.partition("://")
+    if not separator:
+        return
+    if fmt == "zip":
+        raise PrepareError(
+            f"dest={dest!r} is a URL, and data=zip reads an archive from a local path only: write the zip to a "
+            "local disk (dest=datasets/<name>.zip). For data in an object store, write shards (format=shards) and "
+            "copy them there."
+        )
+    local = f"datasets/{Path(rest).name or 'shards'}"
+    copy = {"s3": f"aws s3 sync {local} {dest}", "gs": f"gcloud storage rsync -r {local} {dest}"}.get(
+        scheme, f"copy {local} to {dest} with the store's own tool"
+    )
+    raise PrepareError(
+        f"dest={dest!r} is an object-store URL, and shards are written to a local disk only (nothing was written). "
+        f"Write them to a local folder (dest={local} format=shards), copy it to the bucket ({copy}), and train "
+        f"from the URL: python train.py data=shards data.path={dest} (data=shards streams from the object stores "
+        "litdata reads: s3://, gs://, ...)."
+    )
 
 
 def prepare(options: PrepareOptions) -> tuple[Summary, Path, list[str] | None]:
@@ -509,16 +535,18 @@ def prepare(options: PrepareOptions) -> tuple[Summary, Path, list[str] | None]:
     return summary, dest, classes
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def main(argv: Sequence[str] | None = None, prog: str = "python prepare.py") -> int:
+    """The command line of `python prepare.py` and of the installed `pixelsmith-prepare` (`prog` names it)."""
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or any(a in ("-h", "--help", "help") for a in argv):
-        print(HELP)
+        print(HELP.format(prog=prog))
         return 0
+    name = prog.split()[-1]
     try:
-        options = parse_key_values(argv, PrepareOptions, PrepareError, "prepare.py")
+        options = parse_key_values(argv, PrepareOptions, PrepareError, name)
         summary, dest, classes = prepare(options)
     except PixelsmithError as err:
-        print(f"prepare.py: {err}", file=sys.stderr)
+        print(f"{name}: {err}", file=sys.stderr)
         return 2
     for line in summary.lines(options, dest, classes):
         print(line)

@@ -137,6 +137,25 @@ class DecodingStreamingDataset(_StreamingDataset):
         return image, flag
 
 
+def check_cache_size(value: str) -> str:
+    """`data.max_cache_size` as litdata reads it: a size with its unit ("50GB", "500MB"). A fraction of the free disk,
+    which litdata also takes, is refused: litdata works it out, and logs it, again at every epoch."""
+    text = str(value).strip()
+    try:
+        from litdata.utilities.format import _convert_bytes_to_int
+
+        if text.isdigit() or _convert_bytes_to_int(text) <= 0:
+            raise ValueError(text)
+    except ImportError:
+        return text  # without litdata, set-up stops at _litdata() naming what to install
+    except (ValueError, KeyError, TypeError):
+        raise ShardsError(
+            f"data.max_cache_size={value!r}: give the most disk litdata's chunk cache may take, with its unit, "
+            "e.g. data.max_cache_size=50GB (or 500MB)."
+        ) from None
+    return text
+
+
 def _dataset_class():
     _litdata()
     return DecodingStreamingDataset
@@ -158,6 +177,7 @@ class ShardsDataModule(DecodesOnDevice, ImageDataModule):
         cache_dir: str | None = None,
         limit: int | None = None,
         decoder: str = "auto",
+        max_cache_size: str = "50GB",
         **loader_kwargs,
     ):
         super().__init__(**loader_kwargs)
@@ -169,6 +189,7 @@ class ShardsDataModule(DecodesOnDevice, ImageDataModule):
         self.path, self.resolution, self.channels = str(path), resolution, channels
         self.use_labels, self.on_corrupt, self.shuffle = labels, on_corrupt, shuffle
         self.cache_dir, self.limit = cache_dir, limit
+        self.max_cache_size = check_cache_size(max_cache_size)
         self._loader = None
 
     @property
@@ -199,6 +220,9 @@ class ShardsDataModule(DecodesOnDevice, ImageDataModule):
                     f"data.labels=true, but the shards in {self.path} were written without labels. Prepare them "
                     "from labelled images (class subfolders, a labelled zip), or set data.labels=false."
                 )
+        chunks = _read_json(folder / "index.json", self.path, self.resolution).get("chunks") or []
+        images = sum(int(chunk.get("chunk_size", 0)) for chunk in chunks if isinstance(chunk, dict))
+        self.check_fits_one_batch(min(images, self.limit or images), self._where(), drops_partial=True)
 
     def prepare_data(self) -> None:
         _litdata()
@@ -232,6 +256,19 @@ class ShardsDataModule(DecodesOnDevice, ImageDataModule):
         total = len(self.train_set) * world  # litdata's length is this rank's share
         if self.limit and self.limit < total:  # a fraction of the shards (litdata's subsample)
             self.train_set = self._dataset(input_dir, subsample=self.limit / total)
+            total = len(self.train_set) * world
+        # Known here only for a remote path (check_data counted a local folder's index before anything was written).
+        self.check_fits_one_batch(total, self._where(), drops_partial=True)
+        log.info(
+            "data=shards: %d images in %s; litdata's chunk cache holds at most %s (data.max_cache_size)%s.",
+            total,
+            self.path,
+            self.max_cache_size,
+            f" in {self.cache_dir}" if self.cache_dir else "",
+        )
+
+    def _where(self) -> str:
+        return f"data.path={self.path!r}" + (f" with data.limit={self.limit}" if self.limit else "")
 
     def _stores_jpeg(self) -> bool:
         meta_file = Path(self.path.removeprefix("local:")).expanduser() / "pixelsmith.json"
@@ -250,6 +287,8 @@ class ShardsDataModule(DecodesOnDevice, ImageDataModule):
             labels=self.use_labels,
             on_corrupt=self.on_corrupt,
             decoder=self.decoder_used,
+            # A size, not litdata's default (None): that one is worked out, and logged, again at every epoch.
+            max_cache_size=self.max_cache_size,
             **extra,
         )
 
@@ -288,6 +327,7 @@ class ShardsDataModule(DecodesOnDevice, ImageDataModule):
             channels=self.channels,
             labels=False,
             on_corrupt="skip",
+            max_cache_size=self.max_cache_size,
         )
         # Every image, whatever rank builds the statistics: litdata would read only this rank's share.
         from litdata.utilities.env import _DistributedEnv
