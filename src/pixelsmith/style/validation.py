@@ -5,9 +5,10 @@ Logged as `val/content_ssim` (result vs content, torchmetrics SSIM), `val/conten
 network's style layers: the very function the fast model's style loss is made of), to every logger at the model's
 iteration, into `trainer.callback_metrics`, and appended to `<run>/style_validation.json`.
 
-LPIPS follows the rule of the VGG loss network: its backbone weights are read from `$TORCH_HOME/hub/checkpoints/`
-or `model.validation.lpips_weights`, never downloaded; when missing, the run stops before the first step with a
-message naming the file and the fix. The model configs default `model.validation.lpips` to
+LPIPS follows the rule of the VGG loss network: its backbone weights are read from `model.validation.lpips_weights`
+or `$TORCH_HOME/hub/checkpoints/`, where they are downloaded on first use (`pixelsmith.metrics.weights`); offline
+(`PIXELSMITH_OFFLINE=1`) or after a failed download the run stops before the first step with a message naming the
+file and the fix. The model configs default `model.validation.lpips` to
 `model.loss_net.pretrained`, so an offline run with random VGG weights (whose numbers mean nothing anyway) leaves
 LPIPS out without a second switch.
 
