@@ -27,6 +27,7 @@ from typing import Any
 import torch
 from lightning.pytorch.callbacks import Callback
 
+from pixelsmith.core.precision import NO_FLOAT64_DEVICES
 from pixelsmith.errors import PixelsmithError
 from pixelsmith.metrics.image_metrics import LPIPS, ContentSSIM, ImagePSNR, StyleGramDistance
 from pixelsmith.metrics.weights import MissingWeightsError
@@ -80,6 +81,13 @@ class StyleValidation(Callback):
         content = pl_module.validation_content.float()
         scores: dict[str, float] = {}
         for name, metric in self._metrics.items():
+            if pl_module.device.type in NO_FLOAT64_DEVICES and any(
+                torch.is_tensor(state) and state.dtype == torch.float64
+                for state in metric.metric_state.values()
+            ):
+                metric.set_dtype(
+                    torch.float32
+                )  # its float64 sums, in float32 where the device has no float64
             metric = self._metrics[name] = metric.to(pl_module.device)
             metric.reset()
             if name == "style_gram_distance":
