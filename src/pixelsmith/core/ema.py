@@ -34,10 +34,7 @@ class EMA(nn.Module):
     def _apply(self, fn, recurse=True):
         # MPS has no float64: moved to an Apple GPU, the half-life (read only by a CUDA-graph replay) goes float32,
         # where `.to("mps")` would refuse the float64 buffer and with it the whole model.
-        if (
-            self.half_life_nimg.dtype == torch.float64
-            and fn(torch.empty(0)).device.type in NO_FLOAT64_DEVICES
-        ):
+        if self.half_life_nimg.dtype == torch.float64 and _target_device_type(fn) in NO_FLOAT64_DEVICES:
             self.half_life_nimg = self.half_life_nimg.float()
         return super()._apply(fn, recurse)
 
@@ -90,3 +87,12 @@ class EMA(nn.Module):
         # The average is only ever evaluated; keep BatchNorm in eval mode even when the owner goes to train().
         super().train(False)
         return self
+
+
+def _target_device_type(fn) -> str | None:
+    """Where a Module._apply function sends tensors (`.to(device)`, `.cuda()`), probed on an empty tensor; None for a
+    function that takes no plain tensor."""
+    try:
+        return fn(torch.empty(0)).device.type
+    except Exception:  # a probe only: such a function moves nothing to MPS
+        return None
