@@ -767,7 +767,7 @@ def _profile_cell(report: dict[str, Any]) -> dict[str, Any] | None:
     profile = cfg.hardware
     try:
         # What the profile trains on this machine: the cpu profile's bf16-mixed falls back to 32-true on a CPU
-        # without native bf16 (the cells bench.py skips there).
+        # without AMX (docs/platforms.md).
         precision = build_plan(cfg).precision
     except PixelsmithError:  # a GPU profile's report rebuilt on a machine without that GPU
         precision = profile.precision

@@ -44,6 +44,9 @@ if REPO_ROOT is None or REPO_ROOT.resolve() != CHECKOUT or CONF_DIR.resolve() !=
     )
 
 register_configs()
+# Tests never reach the network: a pretrained file that is not on disk stops with its paragraph, as on a cluster
+# without internet (the download itself is tested against a local server, tests/test_weights_download.py).
+os.environ["PIXELSMITH_OFFLINE"] = "1"
 SESSION_ENVIRON = dict(os.environ)  # as pytest started: what each test's environment goes back to
 torch.set_num_threads(min(2, os.cpu_count() or 1))
 

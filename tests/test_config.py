@@ -108,18 +108,36 @@ def test_auto_detects_cpu_and_cli_precision_wins(tmp_path):
         pytest.skip(
             "no /proc/cpuinfo: this machine's bf16 instructions cannot be read independently of torch"
         )
-    # bf16 autocast only where the CPU has bf16 instructions (AVX512-BF16 or AMX), read here from the kernel's flags
-    # rather than from the function under test: on a 2-core AVX2 machine it must be fp32, on a Sapphire Rapids bf16.
-    native_bf16 = bool({"avx512_bf16", "amx_bf16", "amx_tile"} & flags)
-    assert plan.precision == ("bf16-mixed" if native_bf16 else "32-true"), sorted(flags & {"avx2", "avx512f"})
+    # bf16 autocast only where the CPU has AMX tiles, read here from the kernel's flags rather than from the function
+    # under test: on a 2-core AVX2 machine and on a Zen 4 with AVX512-BF16 it must be fp32, on a Sapphire Rapids bf16.
+    amx = "amx_tile" in flags
+    assert plan.precision == ("bf16-mixed" if amx else "32-true"), sorted(flags & {"avx512_bf16", "amx_tile"})
 
 
-def test_cpu_profile_falls_back_to_fp32_without_native_bf16(tmp_path):
+@pytest.mark.parametrize(
+    ("avx512_bf16", "amx", "auto", "explicit_warns"),
+    [
+        (False, False, "32-true", "emulated and slow"),
+        (True, False, "32-true", "no AMX: fp32 was measured faster"),  # Cooper Lake, Zen 4/5: fp32 ~3x faster
+        (True, True, "bf16-mixed", None),  # Sapphire Rapids and newer
+    ],
+)
+def test_cpu_precision_auto_takes_bf16_only_with_amx(
+    tmp_path, caplog, avx512_bf16, amx, auto, explicit_warns
+):
     cfg = compose_config(["hardware=cpu"], tmp_path)
-    with mock.patch("pixelsmith.hardware.cpu_has_native_bf16", return_value=False):
-        assert build_plan(cfg).precision == "32-true"
-    with mock.patch("pixelsmith.hardware.cpu_has_native_bf16", return_value=True):
-        assert build_plan(cfg).precision == "bf16-mixed"
+    with (
+        mock.patch("torch.cpu._is_avx512_bf16_supported", return_value=avx512_bf16),
+        mock.patch("torch.cpu._is_amx_tile_supported", return_value=amx),
+    ):
+        assert build_plan(cfg).precision == auto
+        caplog.clear()
+        explicit = compose_config(["hardware=cpu", "precision=bf16-mixed"], tmp_path)
+        assert (
+            build_plan(explicit).precision == "bf16-mixed"
+        )  # asked for: honoured, with a word where it is slower
+    warned = " ".join(r.getMessage() for r in caplog.records if r.levelname == "WARNING")
+    assert (explicit_warns in warned) if explicit_warns else "bf16" not in warned
 
 
 def _fake_cuda(name: str, capability: tuple[int, int], bf16: bool, count: int = 1, arch_list=None):

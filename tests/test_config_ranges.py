@@ -4,6 +4,7 @@ command lines a new user tried, as a table. Nothing trains and no checkpoint is 
 from __future__ import annotations
 
 import logging
+import re
 
 import pytest
 
@@ -163,3 +164,135 @@ def test_stylegan2_generator_switches_out_of_range_are_named_with_a_valid_value(
 def shipped_experiments() -> list[str]:
     """The experiment presets of the config tree (conf/experiment/*.yaml), by name."""
     return sorted(path.stem for path in (CONF_DIR / "experiment").glob("*.yaml"))
+
+
+# ---- each range rule at its boundary, from both sides ---------------------------------------------------------
+# key -> (values just inside the range, values just outside). Every rule of config/validate.py's RULES must be
+# here: a rule added without its boundaries fails test_every_rule_has_its_boundaries_here. The three optimizers'
+# rules share the `<optimizer>.` entries, the generator's and discriminator's the `<network>.` ones.
+TINY = 1e-12
+BOUNDARIES: dict[str, tuple[list, list]] = {
+    "max_steps": ([1], [0, -1, 1.5, True]),
+    "accumulate": ([1], [0]),
+    "data.batch_size": ([1, None], [0]),
+    "data.resolution": ([4], [3]),
+    "data.channels": ([1, 3], [0, 2, 4]),
+    "data.limit": ([1, None], [0]),
+    "data.num_workers": ([0, None], [-1]),
+    "hardware.num_workers": ([0, None], [-1]),
+    "data.prefetch_factor": ([1], [0]),
+    "data.on_corrupt": (["skip", "error"], ["ignore", None]),
+    "hardware.devices": ([1, None], [0]),
+    "hardware.num_nodes": ([1], [0]),
+    "hardware.num_threads": ([1, None], [0]),
+    "hardware.memory_fraction": ([TINY, 1, 1.0, None], [0, 1 + 1e-9]),
+    "train.clip_grad_norm": ([TINY, None], [0, -TINY]),
+    "train.log_every_n_steps": ([1], [0]),
+    "train.sample_every_n_steps": ([0], [-1]),
+    "train.checkpoint_every_n_steps": ([0], [-1]),
+    "train.keep_checkpoints": ([0], [-1]),
+    "train.preemption.check_every_n_steps": ([1, None], [0]),
+    "train.nonfinite_max_consecutive": ([0], [-1]),
+    "train.host_sync_check": (["off", "warn", "error"], ["on", None]),
+    "schedule.name": (["constant", "warmup_cosine"], ["cosine", None]),
+    "schedule.warmup_steps": ([0], [-1]),
+    "schedule.min_lr_ratio": ([0, 0.0, 1, 1.0], [-TINY, 1 + 1e-9]),
+    "schedule.total_steps": ([1, None], [0]),
+    "model.objective.regularizers.r1.gamma": ([0, 0.0], [-TINY]),
+    "model.objective.gamma": ([0.0], [-TINY]),
+    "model.objective.gp_weight": ([0.0], [-TINY]),
+    "model.objective.regularizers.r1.interval": ([1], [0]),
+    "model.objective.regularizers.path_length.weight": ([0.0], [-TINY]),
+    "model.objective.regularizers.path_length.interval": ([1], [0]),
+    "model.sample_grid_size": ([1], [0]),
+    "<network>.num_fp16_res": ([0, None], [-1, 1.5]),
+    "<network>.conv_clamp": ([TINY, None], [0, -TINY]),
+    "model.generator.style_mixing_prob": ([0, 1, 1.0], [-TINY, 1 + 1e-9]),
+    "model.generator.c_dim": ([0], [-1, 1.5]),
+    "model.ema.half_life_kimg": ([TINY], [0, -TINY]),
+    "model.ema.rampup": ([TINY, None], [0, -TINY]),
+    "augment.target": ([TINY, 1 - 1e-9, None], [0, 1, 1.0]),
+    "augment.initial_p": ([0, 1.0], [-TINY, 1 + 1e-9]),
+    "augment.max_p": ([0.0, 1], [-TINY, 1 + 1e-9]),
+    "<optimizer>.lr": ([TINY], [0, 0.0, -TINY]),
+    # beta 1.0 makes Adam's bias correction divide by zero; 0.999 is Adam's default beta2.
+    "<optimizer>.betas": (
+        [[0.0, 0.0], [0.5, 0.999], [0.0, 1 - 1e-9], None],
+        [[0.5, 1.0], [1.0, 0.99], [-TINY, 0.99], [0.5], [0.5, 0.9, 0.99]],
+    ),
+    "<optimizer>.eps": ([TINY, None], [0, -TINY]),
+    "<optimizer>.weight_decay": ([0, 0.0], [-TINY]),
+    "strategy.timeout_minutes": ([TINY], [0]),
+    "profiler.every_n_steps": ([1, None], [0]),
+    "profiler.warmup_steps": ([0], [-1]),
+    "profiler.torch_wait": ([0], [-1]),
+    "profiler.torch_warmup": ([0], [-1]),
+    "profiler.torch_active": ([1], [0]),
+    "eval.every_n_steps": ([0], [-1]),
+    "eval.num_samples": ([1], [0]),
+    "eval.batch_size": ([1], [0]),
+    "eval.reference_samples": ([1, None], [0]),
+    "eval.metrics": ([["fid"], ["fid", "kid", "pr", "is"]], [[], ["fd"], None]),
+}
+
+
+def _boundary_entry(key: str) -> str:
+    for prefix, entry in (
+        (("model.g_optimizer.", "model.d_optimizer.", "model.optimizer."), "<optimizer>."),
+        (("model.generator.", "model.discriminator."), "<network>."),
+    ):
+        for p in prefix:
+            if key.startswith(p) and entry + key.removeprefix(p) in BOUNDARIES:
+                return entry + key.removeprefix(p)
+    return key
+
+
+def _rules():
+    from pixelsmith.config.validate import RULES
+
+    return RULES
+
+
+def test_every_rule_has_its_boundaries_here():
+    missing = [rule.key for rule in _rules() if _boundary_entry(rule.key) not in BOUNDARIES]
+    assert missing == [], "add the boundary values of these rules to BOUNDARIES"
+
+
+@pytest.mark.parametrize("rule", _rules(), ids=lambda rule: rule.key)
+def test_each_rule_at_its_boundary_accepts_inside_and_refuses_outside(rule):
+    inside, outside = BOUNDARIES[_boundary_entry(rule.key)]
+    assert [v for v in inside if not rule.ok(v)] == [], f"{rule.key}: refused values inside its range"
+    assert [v for v in outside if rule.ok(v)] == [], f"{rule.key}: accepted values outside its range"
+
+
+@pytest.mark.parametrize(
+    ("name", "inside", "outside"),
+    [
+        ("lr", [TINY], [0, -TINY]),
+        ("g_beta2", [0.0, 0.999], [1.0, -TINY]),
+        ("gamma", [0.0], [-TINY]),
+        ("augment_p", [0.0, 1.0], [-TINY, 1 + 1e-9]),
+        ("ema_half_life_kimg", [0.0], [-TINY]),  # a scheduled half-life may start at 0 (R3GAN's ramp)
+    ],
+)
+def test_a_scheduled_range_at_its_boundary(name, inside, outside):
+    from pixelsmith.config.validate import scheduled_range
+
+    allowed = scheduled_range(name)
+    assert all(allowed.ok(v) for v in inside) and not any(allowed.ok(v) for v in outside)
+
+
+@pytest.mark.parametrize(
+    ("inside", "outside"),
+    [
+        ("model.g_optimizer.betas=[0.5,0.999]", "model.g_optimizer.betas=[0.5,1.0]"),
+        ("model.d_optimizer.lr=1e-12", "model.d_optimizer.lr=0"),
+        ("schedule.min_lr_ratio=1.0", "schedule.min_lr_ratio=1.000001"),
+        ("hardware.memory_fraction=1.0", "hardware.memory_fraction=0"),
+    ],
+)
+def test_boundaries_through_the_composed_config(make_cfg, inside, outside):
+    validate_config(make_cfg(inside))  # just inside: no error
+    key = outside.split("=")[0]
+    with pytest.raises(ConfigValueError, match=rf"{re.escape(key)}=.+? must be"):
+        validate_config(make_cfg(outside))

@@ -251,6 +251,39 @@ def test_a_folder_with_dataset_json_reads_like_the_zip(tmp_path):
     assert image[0, 0, 0] == 40 and flag == 0 and label == 2
 
 
+@pytest.mark.parametrize("layout", ["zip", "folder"])
+@pytest.mark.parametrize(
+    "labels",
+    [[7, 2, 9, 0, 5], [[0.5, -1.0], [2.0, 0.0], [0.0, 3.5], [-2.5, 1.0], [1.5, 1.5]]],
+    ids=["classes", "vectors"],
+)
+def test_labels_follow_the_file_names_not_the_order_dataset_json_lists_them(tmp_path, layout, labels):
+    # Five images in two folders, each a flat grey level that says which file it is, each with a label no other
+    # file has; dataset.json lists them in an order of its own (NVlabs' reader keys them by name).
+    names = [f"0000{i // 3}/img{i:08d}.png" for i in range(5)]
+    listed = [3, 0, 4, 1, 2]
+    members = {names[i]: _png(20 * i) for i in range(5)}
+    members["dataset.json"] = json.dumps({"labels": [[names[i], labels[i]] for i in listed]}).encode()
+    if layout == "zip":
+        path = _zip_of(tmp_path / "d.zip", members)
+    else:
+        path = tmp_path / "ds"
+        for name, data in members.items():
+            (path / name).parent.mkdir(parents=True, exist_ok=True)
+            (path / name).write_bytes(data)
+    module = ZipDataModule(str(path), resolution=8, labels=True, batch_size=5)
+    module.setup()
+    seen = set()
+    for k in range(len(module.train_set)):
+        image, flag, label = module.train_set[k]
+        file_index = int(image[0, 0, 0]) // 20  # which file this image is
+        assert flag == 0 and torch.equal(label, torch.as_tensor(labels[file_index], dtype=label.dtype))
+        seen.add(file_index)
+    assert seen == set(range(5))
+    expected_dtype = torch.int64 if isinstance(labels[0], int) else torch.float32
+    assert module.train_set[0][2].dtype == expected_dtype
+
+
 def test_labels_reach_the_objective_in_a_run(tmp_path):
     summary, dest, _ = prepare(
         PrepareOptions(

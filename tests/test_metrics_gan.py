@@ -118,7 +118,9 @@ def test_missing_inception_weights_names_file_directory_key_and_source(
     assert INCEPTION_WEIGHTS_FILE in message
     assert str(tmp_path / "torch_home" / "hub" / "checkpoints") in message
     assert f"`{INCEPTION_WEIGHTS_CONFIG_KEY}" in message
-    assert "https://github.com/mseitzer/pytorch-fid/releases/download/fid_weights/" in message
+    # torch-fidelity's address, which the download uses; offline (as every test runs) nothing is fetched.
+    assert "https://github.com/toshas/torch-fidelity/releases/download/v0.2.0/" in message
+    assert "PIXELSMITH_OFFLINE=1 forbids downloading it" in message
 
     with pytest.raises(MissingWeightsError, match=r"eval\.weights_path=/nowhere/inception\.pth` does not"):
         InceptionFeatureExtractor(weights_path="/nowhere/inception.pth")

@@ -147,6 +147,38 @@ def test_png_compress_level_changes_the_size_not_the_pixels(tmp_path):
     )
 
 
+@pytest.mark.parametrize("suffix", [".png", ".jpg"])
+def test_a_write_that_fails_midway_leaves_no_partial_image_under_the_final_name(
+    tmp_path, monkeypatch, suffix
+):
+    """The encoder writes part of the image, then fails (a full disk, a killed worker): nothing stands under the
+    output's name, and an earlier image there is kept whole (overwrite=false would take a partial one for done)."""
+    written: list[int] = []
+
+    def half_then_fail(image, fp, filename):
+        fp.write(b"\x89PNG\r\n\x1a\n" + b"\0" * 500)  # the start of a file, as an encoder writes it
+        fp.flush()
+        written.append(500)
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setitem(Image.SAVE, Image.registered_extensions()[suffix], half_then_fail)
+    rgb = photo(32, 24)
+    fresh = tmp_path / f"fresh{suffix}"
+    with pytest.raises(OSError, match="No space left"):
+        save_image(rgb, None, fresh, None)
+    assert written and not fresh.exists()
+
+    earlier = tmp_path / f"earlier{suffix}"
+    monkeypatch.undo()
+    save_image(np.zeros_like(rgb), None, earlier, None)
+    before = earlier.read_bytes()
+    monkeypatch.setitem(Image.SAVE, Image.registered_extensions()[suffix], half_then_fail)
+    with pytest.raises(OSError, match="No space left"):
+        save_image(rgb, None, earlier, None)
+    assert earlier.read_bytes() == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == [earlier.name]  # no temporary file left beside it
+
+
 def test_device_jpeg_path_keeps_orientation_and_colour_profile_and_matches_pillow(checkpoint, tmp_path):
     path, _ = checkpoint
     (tmp_path / "in").mkdir()

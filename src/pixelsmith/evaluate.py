@@ -84,7 +84,7 @@ def evaluate(cfg: DictConfig) -> dict[str, float]:
     run_cfg.augment = stored.get("augment")
     model = build_model(run_cfg, CoreSettings(precision=plan.precision, seed=int(stored.seed)))
     model.load_state_dict(checkpoint["state_dict"])
-    device = torch.device("cuda" if plan.accelerator == "cuda" else "cpu")
+    device = torch.device(plan.accelerator)
     model.to(device).eval()
     datamodule = build_datamodule(run_cfg, plan)
     datamodule.setup("fit")

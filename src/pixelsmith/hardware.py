@@ -4,8 +4,8 @@ Each step happens in one place:
 
 1. **Detection, before Hydra composes.** Every entry point that composes the training config (`train.py`,
    `evaluate.py`, `pixelsmith-train`/`-evaluate`, the benchmarks, the tests' compose helper) first calls
-   `register_detected_profile()`. It detects this machine (no GPU: cpu; a GPU: v100, a100 or h100 by name, else by
-   compute capability) and stores the config `hardware/_detected` in Hydra's ConfigStore: a defaults list naming that
+   `register_detected_profile()`. It detects this machine (a CUDA GPU: v100, a100, h100 or h200 by name, else by
+   compute capability; else an Apple GPU: mps; else cpu) and stores the config `hardware/_detected` in Hydra's ConfigStore: a defaults list naming that
    profile. `conf/hardware/auto.yaml`, the default, composes `_detected`, so Hydra composes the real profile file:
    `--cfg job` prints the settings that run, `hardware.*` keys on the command line (and in `conf/local/`) win over
    the profile's values by ordinary Hydra composition, and a profile of your own on `hydra.searchpath` composes and
@@ -53,7 +53,7 @@ class RuntimePlan:
     the composed `hardware`, `precision` and `strategy` groups (`resolve_plan`)."""
 
     profile: str  # the composed profile's name (hardware=auto: the detected one)
-    accelerator: str  # cpu | cuda
+    accelerator: str  # cpu | cuda | mps
     devices: int
     num_nodes: int
     precision: str  # one of PRECISIONS, after the profile/CLI/device resolution
@@ -86,7 +86,21 @@ class RuntimePlan:
 
 def cpu_has_native_bf16() -> bool:
     """True when the CPU has bf16 instructions (AVX512-BF16 or AMX); without them bf16 autocast is emulated and slow."""
-    return bool(torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported())
+    return bool(torch.cpu._is_avx512_bf16_supported() or cpu_has_amx())
+
+
+def cpu_has_amx() -> bool:
+    """True when the CPU has AMX tiles (Sapphire Rapids and newer Xeons): where bf16 autocast is faster than fp32.
+
+    AVX512-BF16 alone (Cooper Lake, AMD Zen 4/5) only speeds up the dot products; the rest of a step then runs
+    bf16<->fp32 conversions around fp32 work, and fp32 was measured faster there (docs/platforms.md). So
+    `precision=auto` picks bf16-mixed on a CPU with AMX only."""
+    return bool(torch.cpu._is_amx_tile_supported())
+
+
+def mps_available() -> bool:
+    """An Apple GPU that torch can use (torch.backends.mps: macOS 12.3+, Apple silicon or an AMD GPU)."""
+    return bool(torch.backends.mps.is_available())
 
 
 def profiles_by_gpu(conf_dir: Path | None = None) -> dict[str, str]:
@@ -182,12 +196,15 @@ def _nvidia_hint() -> str:
 
 
 def detect_profile() -> str:
-    """The shipped profile for the device this process sees: cpu without a CUDA GPU, else the GPU's (cuda_profile_for).
+    """The shipped profile for the device this process sees: a CUDA GPU's (cuda_profile_for), else mps on an Apple
+    GPU, else cpu.
 
     Without a GPU this costs nothing (no driver call beyond a device count); with one it reads device 0's name and
     compute capability, which initialises CUDA in this process, the one that then trains on it."""
     if torch.cuda.is_available():
         return cuda_profile_for(torch.cuda.get_device_name(0), torch.cuda.get_device_capability(0))
+    if mps_available():
+        return "mps"
     return "cpu"
 
 
@@ -195,7 +212,8 @@ _detected_here: str | None = None  # what register_detected_profile found in thi
 
 
 def register_detected_profile() -> str:
-    """Detect this machine's profile and store it for `hardware=auto`; returns its name (cpu, v100, a100, h100, h200, or a profile of your own).
+    """Detect this machine's profile and store it for `hardware=auto`; returns its name (cpu, mps, v100, a100, h100,
+    h200, or a profile of your own).
 
     Call it before Hydra composes the training config: the entry points do at import, `compose` callers (tests, the
     benchmarks) before each compose. It stores `hardware/_detected` in Hydra's ConfigStore as a defaults list that
@@ -256,10 +274,19 @@ def resolve_plan(
             "Use hardware=auto to detect the device (it picks the cpu profile here) or hardware=cpu."
             + _nvidia_hint()
         )
-    if accelerator not in ("cpu", "cuda"):
-        raise HardwareError(f"hardware.accelerator={accelerator!r} is not supported; use cpu or cuda.")
+    if accelerator == "mps" and not mps_available():
+        raise HardwareError(
+            f"hardware={requested} needs an Apple GPU (torch.backends.mps), but torch {torch.__version__} sees none "
+            f"here (built with MPS: {torch.backends.mps.is_built()}; it needs macOS 12.3 or newer). Use "
+            "hardware=auto to detect the device or hardware=cpu."
+        )
+    if accelerator not in ("cpu", "cuda", "mps"):
+        raise HardwareError(f"hardware.accelerator={accelerator!r} is not supported; use cpu, cuda or mps.")
 
-    device_name = torch.cuda.get_device_name(0) if accelerator == "cuda" else "cpu"
+    if accelerator == "cuda":
+        device_name = torch.cuda.get_device_name(0)
+    else:
+        device_name = "Apple GPU (MPS)" if accelerator == "mps" else "cpu"
     if accelerator == "cuda":
         check_torch_build_supports(device_name, tuple(torch.cuda.get_device_capability(0)), requested)
     expected_gpu = _get(hardware, "expected_gpu")
@@ -282,6 +309,11 @@ def resolve_plan(
         raise HardwareError(
             f"strategy.process_group_backend=nccl needs CUDA GPUs, but hardware={requested} runs on the CPU. "
             "Leave strategy.process_group_backend unset (gloo on CPU, nccl on GPUs) or set it to gloo."
+        )
+    if accelerator == "mps" and strategy != "auto":
+        raise HardwareError(
+            f"strategy={strategy} needs several processes, each with a device of its own; an Apple GPU is one device "
+            "that one process drives (hardware=mps). Leave strategy=auto."
         )
     if strategy == "fsdp" and accelerator != "cuda":
         # Pixelsmith's own FSDP2 strategy runs over gloo (Lightning's FSDPStrategy would refuse a CPU).
@@ -307,6 +339,20 @@ def resolve_plan(
                 launched.processes_per_node,
             )
         devices, num_nodes = launched.processes_per_node, launched.num_nodes
+    if accelerator == "mps" and devices * num_nodes > 1:
+        raise HardwareError(
+            f"hardware.devices={devices} hardware.num_nodes={num_nodes}: an Apple GPU is one device, driven by one "
+            "process; set hardware.devices=1 (hardware=mps)."
+        )
+    if accelerator == "mps" and _get(hardware, "cuda_graphs"):
+        # Its uncaptured dry run keeps counters and schedules as float64 device tensors, which MPS does not have.
+        log.info("hardware.cuda_graphs applies to CUDA only; an Apple GPU runs the eager iteration.")
+    if accelerator == "mps" and _get(hardware, "compile"):
+        log.warning(
+            "hardware.compile=true on an Apple GPU: torch.compile's Metal backend is experimental in torch %s; "
+            "hardware.compile=false runs eagerly (the mps profile's default).",
+            torch.__version__,
+        )
     if accelerator == "cuda" and launched is None and devices > torch.cuda.device_count():
         raise HardwareError(
             f"hardware.devices={devices} but only {torch.cuda.device_count()} CUDA device(s) are visible; "
@@ -361,7 +407,7 @@ def resolve_plan(
         memory_fraction=None if memory_fraction is None else float(memory_fraction),
         cuda_alloc_conf=_get(hardware, "cuda_alloc_conf") or None,
         compile_cache_dir=_get(hardware, "compile_cache_dir") or None,
-        cuda_graphs=flag("cuda_graphs"),
+        cuda_graphs=flag("cuda_graphs") and accelerator != "mps",
     )
 
 
@@ -379,12 +425,25 @@ def _resolve_precision(precision: str, profile_precision: str | None, accelerato
                 f"L4, RTX 30xx/40xx); {torch.cuda.get_device_name(0)} lacks it. Use precision=16-mixed (fp16 with a "
                 "GradScaler, the v100 profile's default) or precision=32-true."
             )
+        if accelerator == "cpu" and not explicit and not cpu_has_amx():
+            log.info(
+                "This CPU has no AMX, where fp32 trains faster than bf16 autocast: precision=auto takes 32-true "
+                "(docs/platforms.md; precision=bf16-mixed to override)."
+            )
+            return "32-true"
         if accelerator == "cpu" and not cpu_has_native_bf16():
-            if not explicit:
-                log.info("This CPU has no native bf16; the cpu profile falls back to precision=32-true.")
-                return "32-true"
             log.warning(
                 "precision=bf16-mixed on a CPU without native bf16 is emulated and slow; 32-true is faster."
+            )
+        elif accelerator == "cpu" and not cpu_has_amx():
+            log.warning(
+                "precision=bf16-mixed on a CPU with AVX512-BF16 but no AMX: fp32 was measured faster on such CPUs "
+                "(docs/platforms.md); precision=auto picks 32-true here."
+            )
+        if accelerator == "mps" and not torch.backends.mps.is_macos_or_newer(14, 0):
+            raise HardwareError(
+                "precision=bf16-mixed on an Apple GPU needs macOS 14 or newer (MPS has no bfloat16 before); use "
+                "precision=16-mixed or precision=32-true."
             )
     if name == "16-mixed" and accelerator == "cpu":
         # Lightning would silently swap in bf16 here; Pixelsmith owns its GradScaler, so fp16 really runs (tests use it).

@@ -31,6 +31,7 @@ class ProcessGroupBackend(StrEnum):
 class Accelerator(StrEnum):
     CPU = "cpu"
     CUDA = "cuda"
+    MPS = "mps"  # an Apple GPU (Metal Performance Shaders)
 
 
 class MatmulPrecision(StrEnum):  # torch.set_float32_matmul_precision
@@ -61,7 +62,7 @@ class HardwareConfig:
     `pixelsmith.hardware.resolve_plan` turns it into the RuntimePlan; a field left None takes the plan's default."""
 
     name: str = "auto"
-    accelerator: str | None = choice(Accelerator, None)  # cpu | cuda
+    accelerator: str | None = choice(Accelerator, None)  # cpu | cuda | mps
     devices: int | None = None
     num_nodes: int = 1
     # the profile's default precision; `precision=...` on the command line wins

@@ -1,7 +1,8 @@
 """A run dir belongs to one run at a time, and a second run never silently overwrites the first.
 
 `claim_run_dir` runs before anything is written. On rank 0 it takes an exclusive lock on `<run dir>/.run.lock`
-(`fcntl.flock`: the kernel drops it when the process ends, even on kill -9, so a crash never leaves a stale lock),
+(filelock's `lock_descriptor`: `flock` on Linux and macOS, `LockFileEx` on Windows; the kernel drops it when the
+process ends, even on kill -9, so a crash never leaves a stale lock),
 and a second run started into the same dir while the first writes stops with one paragraph naming the first's pid.
 A dir that already holds a run (its `config_resolved.yaml`) is resumed from its `checkpoints/last.ckpt` when
 `train.auto_resume` is on and no `ckpt_path` is given (a requeued SLURM job, a restarted pod or torchrun worker, a
@@ -14,7 +15,6 @@ Hydra saves its `.hydra/` config into the dir, so a refused run changes nothing 
 
 from __future__ import annotations
 
-import fcntl
 import logging
 import os
 import socket
@@ -22,6 +22,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from filelock import lock_descriptor
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 
@@ -49,7 +50,7 @@ class RunDirClaim:
 
     def release(self) -> None:
         if self._lock_fd is not None:
-            os.close(self._lock_fd)  # closing the descriptor drops the flock
+            os.close(self._lock_fd)  # closing the descriptor drops the lock
             self._lock_fd = None
 
 
@@ -64,17 +65,19 @@ def _lock(output_dir: Path) -> int:
             "outputs/<task>/runs/<stamp> under a writable working directory."
         ) from err
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        pass  # held by another run: below
+        locked = lock_descriptor(fd, blocking=False)
     except OSError as err:  # a filesystem without flock (some Lustre and NFS mounts): run unlocked
         log.warning("Cannot lock the run dir %s (%s); running without the lock.", output_dir, err)
         return fd
-    else:
+    # The holder's pid@host follows a first byte of its own: Windows locks byte 0 against reads by other processes,
+    # so a second run reads from byte 1 (os.pread/pwrite do not exist there).
+    if locked:
         os.ftruncate(fd, 0)
-        os.pwrite(fd, f"{os.getpid()}@{socket.gethostname()}\n".encode(), 0)
+        os.lseek(fd, 0, os.SEEK_SET)
+        os.write(fd, f"\n{os.getpid()}@{socket.gethostname()}\n".encode())
         return fd
-    holder = os.pread(fd, 128, 0).decode(errors="replace").strip() or "unknown"
+    os.lseek(fd, 1, os.SEEK_SET)
+    holder = os.read(fd, 128).decode(errors="replace").strip() or "unknown"
     os.close(fd)
     raise RunDirError(
         f"The run dir {output_dir} is in use by another run (pid@host {holder}); two runs writing one dir would "

@@ -12,6 +12,8 @@ import copy
 import torch
 from torch import Tensor, nn
 
+from pixelsmith.core.precision import NO_FLOAT64_DEVICES
+
 
 class EMA(nn.Module):
     """Holds a frozen copy of `source` in `self.model`; part of the owner's state_dict, so it resumes exactly."""
@@ -28,6 +30,13 @@ class EMA(nn.Module):
         self.register_buffer(
             "half_life_nimg", torch.tensor(half_life_kimg * 1000.0, dtype=torch.float64), False
         )
+
+    def _apply(self, fn, recurse=True):
+        # MPS has no float64: moved to an Apple GPU, the half-life (read only by a CUDA-graph replay) goes float32,
+        # where `.to("mps")` would refuse the float64 buffer and with it the whole model.
+        if self.half_life_nimg.dtype == torch.float64 and _target_device_type(fn) in NO_FLOAT64_DEVICES:
+            self.half_life_nimg = self.half_life_nimg.float()
+        return super()._apply(fn, recurse)
 
     def set_half_life_kimg(self, value: float | Tensor) -> None:
         """A scheduled half-life (R3GAN's ramps from 0): a float on the host, or a device tensor inside a replay. 0 is
@@ -78,3 +87,12 @@ class EMA(nn.Module):
         # The average is only ever evaluated; keep BatchNorm in eval mode even when the owner goes to train().
         super().train(False)
         return self
+
+
+def _target_device_type(fn) -> str | None:
+    """Where a Module._apply function sends tensors (`.to(device)`, `.cuda()`), probed on an empty tensor; None for a
+    function that takes no plain tensor."""
+    try:
+        return fn(torch.empty(0)).device.type
+    except Exception:  # a probe only: such a function moves nothing to MPS
+        return None

@@ -948,11 +948,12 @@ class TrainingCore(L.LightningModule):
             for group in self._raw_optimizer(name).param_groups:
                 # A graph reads the learning rate from a tensor the schedule fills (a float would be baked into it);
                 # an eager run keeps floats (a checkpoint of a graphed run may bring tensors along). CUDA's fused Adam
-                # computes in float32 and CPU's in float64, so each device's tensor dtype gives the float's update.
+                # computes in float32 and CPU's in float64, so each device's tensor dtype gives the float's update
+                # (float32 on an Apple GPU too: MPS has no float64).
                 lr = group["lr"]
                 with host_reads_allowed():
                     value = float(lr) if torch.is_tensor(lr) else lr
-                dtype = torch.float32 if self.device.type == "cuda" else torch.float64
+                dtype = torch.float64 if self.device.type == "cpu" else torch.float32
                 group["lr"] = torch.full((), value, dtype=dtype, device=self.device) if graphed else value
                 if "capturable" in group:
                     group["capturable"] = graphed and self._graphs.capture
@@ -988,6 +989,8 @@ class TrainingCore(L.LightningModule):
             torch.cuda.manual_seed(
                 seed
             )  # this device's generator; CUDA is initialised by now, so no lazy stack
+        elif self.device.type == "mps":
+            torch.mps.manual_seed(seed)  # an Apple GPU's own generator: what randn on the device draws from
 
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         # A checkpoint reads the device anyway: a streak that reached the limit since the last logging iteration

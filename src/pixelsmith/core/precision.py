@@ -13,6 +13,8 @@ from contextlib import AbstractContextManager
 import torch
 
 AUTOCAST_DTYPES = {"32-true": None, "16-mixed": torch.float16, "bf16-mixed": torch.bfloat16}
+# Device types without float64 tensors (Apple's Metal): what is kept in float64 elsewhere is float32 there.
+NO_FLOAT64_DEVICES = frozenset({"mps"})
 
 
 class MixedPrecision:

@@ -260,7 +260,7 @@ class PreemptionSignals:
     """Records the first preemption signal; `requested()` tells the training loop to stop after this iteration."""
 
     def __init__(self, signals: Sequence[str] = ("SIGTERM", "SIGUSR1", "SIGUSR2")):
-        self.signals = [signal_number(name) for name in signals]
+        self.signals = [n for n in (signal_number(name) for name in signals) if n is not None]
         self.received: int | None = None
         self._previous: dict[int, object] = {}
         self._training_over: Callable[[], bool] = lambda: False
@@ -314,10 +314,22 @@ class PreemptionSignals:
         return agreed or None
 
 
-def signal_number(name: str) -> int:
+# POSIX signals Windows does not have. The default train.preemption.signals name SIGUSR1 and SIGUSR2 (SLURM's and
+# submitit's warnings): where a platform lacks one, it is left out instead of stopping the run at start-up.
+POSIX_ONLY_SIGNALS = frozenset(
+    {"SIGHUP", "SIGQUIT", "SIGUSR1", "SIGUSR2", "SIGALRM", "SIGCONT", "SIGXCPU", "SIGPWR", "SIGWINCH"}
+)
+
+
+def signal_number(name: str) -> int | None:
+    """The number of a signal name (SIGTERM, TERM, sigterm); None for a POSIX signal this platform lacks."""
+    upper = name.upper() if name.upper().startswith("SIG") else f"SIG{name.upper()}"
     try:
-        return int(signal.Signals[name.upper() if name.upper().startswith("SIG") else f"SIG{name.upper()}"])
+        return int(signal.Signals[upper])
     except KeyError as err:
+        if upper in POSIX_ONLY_SIGNALS:
+            log.debug("%s does not exist on this platform (%s): not watched.", upper, sys.platform)
+            return None
         raise PixelsmithError(
             f"train.preemption.signals: {name!r} is not a signal name; use e.g. [SIGTERM, SIGUSR1, SIGUSR2]."
         ) from err

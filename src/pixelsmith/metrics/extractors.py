@@ -21,19 +21,15 @@ from torchmetrics.image.fid import NoTrainInceptionV3
 
 from pixelsmith.hashing import file_sha256
 from pixelsmith.metrics.protocol import QUANTIZE_PROTOCOL
-from pixelsmith.metrics.weights import MissingWeightsError, resolve_weights_file
+from pixelsmith.metrics.weights import PUBLISHED, MissingWeightsError, resolve_weights_file
 from pixelsmith.safe_load import load_data_only
 
-# The FID Inception weights (TensorFlow's 2015-12-05 graph converted to PyTorch). pytorch-fid names the file
-# pt_inception-...; torch-fidelity (and torchmetrics, which downloads through torch-fidelity) saves the same
-# weights as weights-inception-... in the same hub directory. Either name is accepted.
+# The FID Inception weights (TensorFlow's 2015-12-05 graph converted to PyTorch): fetched on first use from
+# torch-fidelity's release (metrics/weights.py); pytorch-fid's name for the same file is accepted too.
+INCEPTION_PUBLISHED = PUBLISHED["inception-v3-fid"]
 INCEPTION_WEIGHTS_FILE = "pt_inception-2015-12-05-6726825d.pth"
-TORCH_FIDELITY_INCEPTION_WEIGHTS_FILE = "weights-inception-2015-12-05-6726825d.pth"
-INCEPTION_WEIGHTS_SOURCE = (
-    "https://github.com/mseitzer/pytorch-fid/releases/download/fid_weights/pt_inception-2015-12-05-6726825d.pth "
-    "(the same weights torch-fidelity publishes as https://github.com/toshas/torch-fidelity/releases/download/"
-    "v0.2.0/weights-inception-2015-12-05-6726825d.pth)"
-)
+TORCH_FIDELITY_INCEPTION_WEIGHTS_FILE = INCEPTION_PUBLISHED.file_name
+INCEPTION_WEIGHTS_SOURCE = INCEPTION_PUBLISHED.url
 # The config key named in the missing-weights message; callers pass their own if their config tree differs.
 INCEPTION_WEIGHTS_CONFIG_KEY = "eval.weights_path"
 INCEPTION_FEATURE_LAYERS = ("64", "192", "768", "2048")
@@ -121,10 +117,9 @@ class InceptionFeatureExtractor(FeatureExtractor):
             )
         path = resolve_weights_file(
             what="FID Inception-v3",
-            file_names=(INCEPTION_WEIGHTS_FILE, TORCH_FIDELITY_INCEPTION_WEIGHTS_FILE),
+            published="inception-v3-fid",
             config_path=weights_path,
             config_key=config_key,
-            source=INCEPTION_WEIGHTS_SOURCE,
         )
         outputs = [feature_layer] + (["logits_unbiased"] if with_logits else [])
         state = load_data_only(

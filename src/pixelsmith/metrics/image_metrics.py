@@ -6,7 +6,8 @@ grayscale images are repeated to 3 channels where a network needs RGB.
 
 SSIM and PSNR come from torchmetrics, on images mapped to [0, 1] with ``data_range=1`` (SSIM's luminance term is
 not shift-invariant, so the range matters). LPIPS is torchmetrics' network with its bundled linear layers; its
-ImageNet backbone is loaded from a local file (never downloaded), and ``pretrained=False`` gives a random backbone
+ImageNet backbone is loaded from torch hub's cache (fetched there on first use, `pixelsmith.metrics.weights`) or a
+path, and ``pretrained=False`` gives a random backbone
 for tests, with a loud warning.
 """
 
@@ -108,9 +109,10 @@ def build_lpips_network(
     pretrained: bool = True,
     config_key: str = LPIPS_WEIGHTS_CONFIG_KEY,
 ) -> nn.Module:
-    """torchmetrics' LPIPS network with its ImageNet backbone loaded from a local file (never downloaded).
+    """torchmetrics' LPIPS network with its ImageNet backbone loaded from a file.
 
-    ``backbone_weights``: a path, else ``$TORCH_HOME/hub/checkpoints/<torchvision file>``; missing -> a
+    ``backbone_weights``: a path (used as is), else ``$TORCH_HOME/hub/checkpoints/<torchvision file>``, downloaded
+    there on first use (:mod:`pixelsmith.metrics.weights`); offline or failed -> a
     :class:`~pixelsmith.metrics.weights.MissingWeightsError` naming the file. ``pretrained=False``: random backbone
     (tests only), with a :class:`RandomWeightsWarning`. The LPIPS linear layers always come from the file
     torchmetrics ships.
@@ -121,11 +123,10 @@ def build_lpips_network(
     path = None
     if pretrained:
         path = resolve_weights_file(
-            what=f"LPIPS {architecture} backbone (torchvision ImageNet)",
-            file_names=(lpips_backbone_file_name(net),),
+            what=f"LPIPS {architecture} backbone (torchvision's {type(weights_enum).__name__}.IMAGENET1K_V1)",
+            published=architecture,
             config_path=backbone_weights,
             config_key=config_key,
-            source=f"{weights_enum.url} (torchvision's {type(weights_enum).__name__}.IMAGENET1K_V1)",
         )
     else:
         warnings.warn(

@@ -275,6 +275,11 @@ def choose_batch_size(cfg: DictConfig, plan: RuntimePlan, memory_fraction: float
         chosen_global = int(inherited.split(":", 1)[1])
         log.info("auto batch: using batch %d found by rank 0", chosen_global)
     else:
+        if plan.accelerator == "mps":
+            raise PixelsmithError(
+                "auto_batch measures CUDA's allocator or the process RSS; an Apple GPU's memory is neither, so it "
+                "is not searched there: set data.batch_size by hand."
+            )
         if plan.accelerator == "cpu" and not memory.can_reset_peak_rss():
             raise PixelsmithError(
                 "auto_batch on CPU measures peak RSS through /proc/self/clear_refs, which this system lacks; "

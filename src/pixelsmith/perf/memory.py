@@ -12,11 +12,15 @@ import contextlib
 import ctypes
 import ctypes.util
 import gc
-import resource
 import sys
 from pathlib import Path
 
 import torch
+
+try:
+    import resource
+except ImportError:  # Windows: no getrusage; the process's peak RSS is then not reported
+    resource = None
 
 _STATUS = Path("/proc/self/status")
 _CLEAR_REFS = Path("/proc/self/clear_refs")
@@ -37,8 +41,10 @@ def rss_mb() -> float | None:
     return _status_mb("VmRSS")
 
 
-def process_peak_rss_mb() -> float:
-    """Peak RSS of this process since it started (getrusage; KB on Linux, bytes on macOS), MB."""
+def process_peak_rss_mb() -> float | None:
+    """Peak RSS of this process since it started (getrusage; KB on Linux, bytes on macOS), MB; None on Windows."""
+    if resource is None:
+        return None
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     return peak / (1024.0 * 1024.0) if sys.platform == "darwin" else peak / 1024.0
 
@@ -80,8 +86,8 @@ def peak_memory_mb(device: torch.device) -> dict[str, float]:
     current = rss_mb()
     # The kernel updates the high-water mark lazily (when RSS is about to shrink), so the current RSS can be
     # above it for a moment: the peak is the largest of the three readings.
-    peak = max(process_peak_rss_mb(), _status_mb("VmHWM") or 0.0, current or 0.0)
-    out = {"peak_rss_mb": peak}
+    readings = [r for r in (process_peak_rss_mb(), _status_mb("VmHWM"), current) if r is not None]
+    out = {"peak_rss_mb": max(readings)} if readings else {}
     if current is not None:
         out["rss_mb"] = current
     return out

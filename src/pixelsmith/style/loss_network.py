@@ -1,10 +1,10 @@
 """Frozen VGG16/VGG19 feature extractor with named taps: the perceptual loss network and the AdaIN encoder.
 
-Weights come from torchvision's weights API (which reads `$TORCH_HOME/hub/checkpoints/<file>`) or from an explicit
-`weights_path`. Nothing here downloads: when the file is absent we stop with `LossNetworkWeightsNotFoundError`
-*before* torchvision would try the network, because a silent multi-hundred-MB download (or a hang on a machine with
-no internet) is worse than a clear message. `pretrained=False` builds random weights with a loud warning; tests and
-smoke runs use it.
+Weights are torchvision's ImageNet files, from an explicit `weights_path` (used as is) or from torch hub's cache,
+`$TORCH_HOME/hub/checkpoints/<file>`, where torchvision keeps them too; a file missing there is downloaded on first
+use from torchvision's address and checked (`pixelsmith.metrics.weights`). With `PIXELSMITH_OFFLINE=1`, or when the
+download fails, `LossNetworkWeightsNotFoundError` names the file and where to put it. `pretrained=False` builds
+random weights with a loud warning; tests and smoke runs use it.
 
 Inputs are RGB in [0, 1]; the ImageNet normalisation torchvision's VGG weights expect happens inside.
 """
@@ -19,6 +19,7 @@ import torch
 from torch import Tensor, nn
 
 from pixelsmith.errors import PixelsmithError
+from pixelsmith.metrics.weights import resolve_weights_file
 from pixelsmith.safe_load import load_data_only
 
 # Layer layouts of torchvision's `vgg16().features` / `vgg19().features` (configs "D" and "E"); "M" is a max-pool.
@@ -61,7 +62,8 @@ CONFIG_KEY_PRETRAINED = "model.loss_net.pretrained"
 
 
 class LossNetworkWeightsNotFoundError(PixelsmithError, FileNotFoundError):
-    """The pretrained VGG weights are not on disk; the message says which file, where, and the two ways to fix it
+    """The pretrained VGG weights are not on disk and could not be fetched; the message says which file, where, and
+    the ways to fix it
     (a PixelsmithError: train.py prints it as one paragraph, without a traceback)."""
 
 
@@ -105,55 +107,25 @@ def build_vgg_features(arch: str, upto: int) -> nn.Sequential:
     return nn.Sequential(*layers[: upto + 1])
 
 
-def torchvision_weights(arch: str):
-    """The torchvision weights enum entry (IMAGENET1K_V1) for `arch`."""
-    from torchvision.models import VGG16_Weights, VGG19_Weights
-
-    return {"vgg16": VGG16_Weights.IMAGENET1K_V1, "vgg19": VGG19_Weights.IMAGENET1K_V1}[arch]
-
-
-def torchvision_checkpoint_path(arch: str) -> Path:
-    """Where torchvision's weights API looks for the file: `torch.hub.get_dir()/checkpoints/<name>` ($TORCH_HOME)."""
-    file_name = torchvision_weights(arch).url.rsplit("/", 1)[-1]
-    return Path(torch.hub.get_dir()).resolve() / "checkpoints" / file_name
-
-
-def missing_weights_message(arch: str, weights_path: str | Path | None) -> str:
-    expected = torchvision_checkpoint_path(arch)
-    url = torchvision_weights(arch).url
-    if weights_path is not None:
-        where = f"{CONFIG_KEY_WEIGHTS_PATH}={weights_path} does not exist (resolved: {Path(weights_path).resolve()})."
-    else:
-        where = f"'{expected.name}' is not in {expected.parent}/ (torchvision's cache, $TORCH_HOME/hub/checkpoints/)."
-    return (
-        f"Pretrained {arch.upper()} ImageNet weights for the style loss network were not found: {where} "
-        f"Nothing is downloaded automatically. Provide the file '{expected.name}' (torchvision's download from "
-        f"{url}, fetched on a machine with internet access) in one of two ways: copy it to {expected.parent}/ "
-        f"(set TORCH_HOME to move that directory), or point the config at it with "
-        f"{CONFIG_KEY_WEIGHTS_PATH}=/path/to/{expected.name}. To run without pretrained weights (tests and smoke "
-        f"runs only: the losses are then not perceptual, so only colours and simple textures transfer), set "
-        f"{CONFIG_KEY_PRETRAINED}=false."
-    )
-
-
 def load_vgg_state_dict(arch: str, weights_path: str | Path | None) -> dict[str, Tensor]:
-    """The `features.*` weights of a torchvision VGG checkpoint, from `weights_path` or torchvision's cache."""
-    if weights_path is not None:
-        path = Path(weights_path).expanduser()
-        if not path.is_file():
-            raise LossNetworkWeightsNotFoundError(missing_weights_message(arch, weights_path))
-        state = load_data_only(
-            path,
-            CONFIG_KEY_WEIGHTS_PATH,
-            f"Give torchvision's {arch} ImageNet weights file as it downloads them (a plain state dict).",
-        )
-    else:
-        if not torchvision_checkpoint_path(arch).is_file():
-            # Checked before calling torchvision: its loader would otherwise start a download.
-            raise LossNetworkWeightsNotFoundError(missing_weights_message(arch, None))
-        state = torchvision_weights(arch).get_state_dict(
-            progress=False, map_location="cpu", weights_only=True
-        )
+    """The `features.*` weights of a torchvision VGG checkpoint, from `weights_path` or torch hub's cache (fetched
+    there on first use)."""
+    path = resolve_weights_file(
+        what=f"{arch.upper()} ImageNet (torchvision's, for the style loss network)",
+        published=arch,
+        config_path=weights_path,
+        config_key=CONFIG_KEY_WEIGHTS_PATH,
+        also=(
+            f"To run without pretrained weights (tests and smoke runs only: the losses are then not perceptual, so "
+            f"only colours and simple textures transfer), set {CONFIG_KEY_PRETRAINED}=false."
+        ),
+        error=LossNetworkWeightsNotFoundError,
+    )
+    state = load_data_only(
+        path,
+        CONFIG_KEY_WEIGHTS_PATH,
+        f"Give torchvision's {arch} ImageNet weights file as it downloads them (a plain state dict).",
+    )
     if isinstance(state, dict) and "state_dict" in state and isinstance(state["state_dict"], dict):
         state = state["state_dict"]
     # Accept a full torchvision state dict ("features.0.weight", "classifier...") or a features-only one ("0.weight").

@@ -488,8 +488,8 @@ Options (key=value, defaults in brackets):
   overlap         pixels shared by neighbouring tiles, blended smoothly [64]
   tile_batch      tiles processed together; higher is faster on a GPU, uses more memory [4]
   thumbnail       longest side of the preview the colour statistics come from [1024]
-  precision       auto | 32-true | bf16-mixed | 16-mixed: auto is bf16-mixed where the device has native bf16
-                  (a GPU; a CPU with AVX512-BF16/AMX), else 32-true [auto]
+  precision       auto | 32-true | bf16-mixed | 16-mixed: auto is bf16-mixed where it is the faster path
+                  (a GPU with bf16; a CPU with AMX), else 32-true [auto]
   device          auto | cpu | cuda | cuda:1 ... [auto]
   high_bit_depth  convert | refuse: 16-bit images are reduced to 8-bit with a warning, or refused [convert]
   transparency    keep | drop | refuse: PNG/WebP/TIFF keep the alpha channel of the input (the colours

@@ -5,9 +5,10 @@ Logged as `val/content_ssim` (result vs content, torchmetrics SSIM), `val/conten
 network's style layers: the very function the fast model's style loss is made of), to every logger at the model's
 iteration, into `trainer.callback_metrics`, and appended to `<run>/style_validation.json`.
 
-LPIPS follows the rule of the VGG loss network: its backbone weights are read from `$TORCH_HOME/hub/checkpoints/`
-or `model.validation.lpips_weights`, never downloaded; when missing, the run stops before the first step with a
-message naming the file and the fix. The model configs default `model.validation.lpips` to
+LPIPS follows the rule of the VGG loss network: its backbone weights are read from `model.validation.lpips_weights`
+or `$TORCH_HOME/hub/checkpoints/`, where they are downloaded on first use (`pixelsmith.metrics.weights`); offline
+(`PIXELSMITH_OFFLINE=1`) or after a failed download the run stops before the first step with a message naming the
+file and the fix. The model configs default `model.validation.lpips` to
 `model.loss_net.pretrained`, so an offline run with random VGG weights (whose numbers mean nothing anyway) leaves
 LPIPS out without a second switch.
 
@@ -26,6 +27,7 @@ from typing import Any
 import torch
 from lightning.pytorch.callbacks import Callback
 
+from pixelsmith.core.precision import NO_FLOAT64_DEVICES
 from pixelsmith.errors import PixelsmithError
 from pixelsmith.metrics.image_metrics import LPIPS, ContentSSIM, ImagePSNR, StyleGramDistance
 from pixelsmith.metrics.weights import MissingWeightsError
@@ -79,6 +81,13 @@ class StyleValidation(Callback):
         content = pl_module.validation_content.float()
         scores: dict[str, float] = {}
         for name, metric in self._metrics.items():
+            if pl_module.device.type in NO_FLOAT64_DEVICES and any(
+                torch.is_tensor(state) and state.dtype == torch.float64
+                for state in metric.metric_state.values()
+            ):
+                metric.set_dtype(
+                    torch.float32
+                )  # its float64 sums, in float32 where the device has no float64
             metric = self._metrics[name] = metric.to(pl_module.device)
             metric.reset()
             if name == "style_gram_distance":
