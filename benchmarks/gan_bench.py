@@ -42,7 +42,13 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.child import child_env
-from benchmarks.harness import CLOCK_TARGET, IterationClock, compose, require_every_iteration
+from benchmarks.harness import (
+    CLOCK_TARGET,
+    IterationClock,
+    compose,
+    require_every_iteration,
+    window_edges,
+)
 from pixelsmith.errors import PixelsmithError
 
 RESULT_PREFIX = "PIXELSMITH_BENCH_RESULT "
@@ -166,7 +172,11 @@ def child_main(spec: dict[str, Any]) -> dict[str, Any]:
         with open_dict(cfg):
             cfg.callbacks = cfg.callbacks or {}
             cfg.callbacks.bench_clock = {"_target_": CLOCK_TARGET}
-        require_every_iteration(run(cfg), spec["warmup"] + spec["steps"])
+        IterationClock.synchronize_after = window_edges(spec["warmup"], spec["steps"])
+        try:
+            require_every_iteration(run(cfg), spec["warmup"] + spec["steps"])
+        finally:
+            IterationClock.synchronize_after = frozenset()  # a later run in this process times its own window
         ends, cpu_ends = IterationClock.ends, IterationClock.cpu_ends
         breakdown = output_dir / "perf" / "breakdown.csv"
         if breakdown.is_file():
@@ -194,7 +204,9 @@ def child_main(spec: dict[str, Any]) -> dict[str, Any]:
             from benchmarks.plain_loop import GraphedPlainGAN, endless
 
             gan = GraphedPlainGAN(gan, next(endless(loader)), capture=torch.cuda.is_available())
-        ends, cpu_ends = run_plain(gan, loader, spec["warmup"] + spec["steps"])
+        ends, cpu_ends = run_plain(
+            gan, loader, spec["warmup"] + spec["steps"], window_edges(spec["warmup"], spec["steps"])
+        )
         if spec.get("count_flops"):
             result.update(_count_plain_flops(cfg, plan, plan.optimizer_impl, spec["warmup"], spec["steps"]))
     result["img_per_s"] = _images_per_second(ends, spec["warmup"], spec["steps"], cell.batch_size)

@@ -23,18 +23,37 @@ CLOCK_TARGET = "benchmarks.harness.IterationClock"
 NO_TIME_BUDGET = "train.time_budget_minutes=null"
 
 
+def synchronize_device() -> None:
+    """Wait for every kernel queued on the GPU (nothing to wait for without one)."""
+    import torch
+
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        torch.cuda.synchronize()
+
+
+def window_edges(warmup: int, steps: int) -> frozenset[int]:
+    """The iterations (1-based) whose end clock reading opens and closes a timed window of `steps` iterations after
+    `warmup`: there the clock waits for the device, so the window holds the work it launched and finished, not
+    only what the host queued (a replayed graph returns long before its kernels end)."""
+    return frozenset({warmup, warmup + steps})
+
+
 class IterationClock(Callback):
     """Wall clock and process CPU time at the end of every training iteration (class-level, read by the bench
-    child after run())."""
+    child after run()). At the iterations in `synchronize_after` (1-based; `window_edges`) it synchronises the
+    device before reading the clock."""
 
     ends: list[float] = []
     cpu_ends: list[float] = []
+    synchronize_after: frozenset[int] = frozenset()
 
     def on_train_start(self, trainer, pl_module) -> None:
         IterationClock.ends = []
         IterationClock.cpu_ends = []
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        if len(IterationClock.ends) + 1 in IterationClock.synchronize_after:
+            synchronize_device()
         IterationClock.ends.append(time.perf_counter())
         IterationClock.cpu_ends.append(time.process_time())
 

@@ -212,14 +212,22 @@ def endless(loader: Iterable) -> Iterator[torch.Tensor]:
 
 
 def run_plain(
-    gan: PlainGAN | GraphedPlainGAN, loader: Iterable, iterations: int
+    gan: PlainGAN | GraphedPlainGAN,
+    loader: Iterable,
+    iterations: int,
+    synchronize_after: frozenset[int] = frozenset(),
 ) -> tuple[list[float], list[float]]:
     """Run `iterations` iterations; returns perf_counter and process_time at the end of each (the template's
-    clock takes the same readings)."""
+    clock takes the same readings), synchronising the device first after the iterations in `synchronize_after`
+    (1-based, `harness.window_edges`)."""
+    from benchmarks.harness import synchronize_device
+
     ends, cpu_ends = [], []
     batches = endless(loader)
-    for _ in range(iterations):
+    for done in range(1, iterations + 1):
         gan.step(next(batches))
+        if done in synchronize_after:
+            synchronize_device()
         ends.append(time.perf_counter())
         cpu_ends.append(time.process_time())
     return ends, cpu_ends

@@ -428,3 +428,32 @@ def test_the_core_stops_at_max_steps_without_the_model_asking():
     trainer = _fit(module, steps=3)
     # The Trainer runs with max_steps=-1 in train.py; here too the core alone ends the run.
     assert module.iteration == 3 and trainer.should_stop
+
+
+class GraphableTinyCore(TinyCore):
+    supports_cuda_graphs = True
+
+
+@pytest.mark.parametrize("cuda_graphs", [False, True])
+def test_a_nan_loss_streak_stops_the_run_within_two_logging_intervals(cuda_graphs):
+    """A loss that turns NaN for good (its gradients with it) is caught by the one finite check over loss and
+    gradient norm, on the graphed path too (uncaptured on CPU): the streak reaches the limit at iteration 4, and the
+    run stops at a logging iteration at most two intervals on, naming that iteration."""
+    module = GraphableTinyCore(
+        CoreSettings(
+            max_steps=50,
+            nonfinite_max_consecutive=3,
+            optimizer_impl="fused",
+            log_every_n_steps=4,
+            cuda_graphs=cuda_graphs,
+        ),
+        poison={i: math.nan for i in range(2, 100)},
+    )
+    with pytest.raises(NonFiniteError, match="3 consecutive steps of optimizer net") as err:
+        _fit(module)
+    assert (module._iteration_t is not None) == cuda_graphs  # the graphed path's device counters were used
+    assert 4 < module.iteration <= 4 + 2 * 4
+    assert "the last at iteration 4" in str(err.value)
+    assert module.nonfinite_skipped == module.iteration - 2
+    for before in module.weights_before[3:]:
+        assert torch.equal(before, module.weights_before[2])

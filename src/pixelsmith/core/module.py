@@ -138,7 +138,7 @@ class TrainingCore(L.LightningModule):
         self._host_synced_this_iteration = False
         self._optimizer_index: dict[str, int] = {}
         self._float_buffers: dict[str, list[torch.Tensor]] = {}
-        self._loss_nonfinite: dict[str, torch.Tensor] = {}
+        self._losses: dict[str, list[torch.Tensor]] = {}  # each optimizer's micro-batch losses since its step
         self._backward_calls: dict[str, int] = {}  # loss_backward calls per optimizer since its last step
         self._precision: MixedPrecision | None = None
         self._pending_precision_state: dict | None = None
@@ -257,7 +257,7 @@ class TrainingCore(L.LightningModule):
         """Forget the host state of an iteration that did not finish (a CUDA-graph capture that failed part-way),
         so it can run again eagerly: pending backward counts and flags, unscaled-optimizer marks, gradients."""
         self._backward_calls.clear()
-        self._loss_nonfinite.clear()
+        self._losses.clear()
         scaler = self.mixed_precision.scaler
         if scaler is not None:
             from torch.amp.grad_scaler import _refresh_per_optimizer_state
@@ -535,8 +535,9 @@ class TrainingCore(L.LightningModule):
 
     def loss_backward(self, loss: torch.Tensor, name: str) -> None:
         """Backward of one micro-batch's mean loss for optimizer `name`; gradients average over micro-batches."""
-        flag = (~torch.isfinite(loss.detach())).float()
-        self._loss_nonfinite[name] = self._loss_nonfinite.get(name, torch.zeros_like(flag)) + flag
+        # Kept, not checked here: `step` folds the losses into the gradient norm's finite check (one check an
+        # optimizer step, not a chain of scalar kernels a micro-batch).
+        self._losses.setdefault(name, []).append(loss.detach())
         calls = self._backward_calls[name] = self._backward_calls.get(name, 0) + 1
         if self._fsdp is not None:
             # FSDP2 reduce-scatters inside backward: only on the last micro-batch, the earlier ones accumulate
@@ -544,7 +545,9 @@ class TrainingCore(L.LightningModule):
             for net in self.networks().values():
                 if isinstance(net, FSDPModule):
                     net.set_requires_gradient_sync(calls >= self.core.accumulate)
-        self.manual_backward(self.mixed_precision.scale(loss / self.core.accumulate))
+        # A division by 1 would be a kernel that changes nothing.
+        scaled = loss if self.core.accumulate == 1 else loss / self.core.accumulate
+        self.manual_backward(self.mixed_precision.scale(scaled))
 
     def _params_of(self, opt: torch.optim.Optimizer) -> Iterator[nn.Parameter]:
         for group in opt.param_groups:
@@ -603,17 +606,34 @@ class TrainingCore(L.LightningModule):
                 f"{self.core.accumulate}: under strategy=fsdp gradients are synchronised on the accumulate-th "
                 "call, so call self.loss_backward(loss, name) once per micro-batch (see self.micro_batches)."
             )
-        loss_flag = self._loss_nonfinite.pop(name, torch.zeros((), device=self.device))
-        loss_flag = self._all_reduce_gradients(params, loss_flag)
+        losses = self._losses.pop(name, [])
+        # Non-finite exactly where one of the losses is (a sum of finite losses stays finite).
+        loss_term = losses[0] if len(losses) == 1 else sum(losses[1:], losses[0]) if losses else None
+        if self.world_size > 1:
+            flag = (
+                _nonfinite(loss_term).float()
+                if loss_term is not None
+                else torch.zeros((), device=self.device)
+            )
+            flag = self._all_reduce_gradients(params, flag)  # every rank's flags, so all skip alike
+            loss_term = torch.where(flag > 0, float("nan"), 0.0)
         scaler = self.mixed_precision.scaler
         if scaler is not None:
             scaler.unscale_(opt)  # after the all-reduce, so every rank sees the same inf/NaN and skips alike
         with_grad = [p for p in params if p.grad is not None]
         grads = [p.grad for p in with_grad]
         norm = _global_norm(grads) if grads else torch.zeros((), device=self.device)
-        loss_bad = loss_flag > 0
-        grads_bad = ~torch.isfinite(norm)
-        skip = loss_bad | grads_bad
+        amp_overflow = None
+        if scaler is not None:
+            # The guard tells an fp16 overflow (finite loss, non-finite gradients) from a guard event.
+            grads_bad = _nonfinite(norm)
+            loss_bad = _nonfinite(loss_term) if loss_term is not None else torch.zeros_like(grads_bad)
+            skip = loss_bad | grads_bad
+            amp_overflow = grads_bad & ~loss_bad
+        else:
+            # One check for losses and gradients: the sum is non-finite exactly where either is (a finite norm is far
+            # below float32's range: its squares would have overflowed first).
+            skip = _nonfinite(norm if loss_term is None else norm + loss_term)
         if self.core.clip_grad_norm is not None and grads:
             # Unscaled gradients here whatever the precision (Lightning #18089 clips scaled ones). A non-finite
             # norm is replaced so the clip stays finite; that step is skipped below anyway.
@@ -633,7 +653,7 @@ class TrainingCore(L.LightningModule):
             # update() reads the inf checks unscale_ recorded: an fp16 overflow halves the scale, a good step counts
             # towards growing it. A non-finite loss with finite gradients is a guard event, not an overflow.
             scaler.update()
-        self._record_guard(name, skip, grads_bad & ~loss_bad if scaler is not None else None)
+        self._record_guard(name, skip, amp_overflow)
         opt.zero_grad(set_to_none=True)
         self._last_grad_norm = {**getattr(self, "_last_grad_norm", {}), name: norm.detach()}
         self._host_synced_this_iteration |= not opt.defaults.get("fused")
@@ -641,8 +661,8 @@ class TrainingCore(L.LightningModule):
 
     # ---- the non-finite guard, on the device -------------------------------------------------------------------
     def _guard_state(self) -> dict[str, torch.Tensor]:
-        """Device counters: [guard events, fp16 overflows], consecutive skips per optimizer, and the first iteration
-        and optimizer at which a streak reached `nonfinite_max_consecutive` (-1 while none has)."""
+        """Device counters: [guard events, fp16 overflows], consecutive skips per optimizer, and per optimizer the
+        iteration at which its streak last reached `nonfinite_max_consecutive` (-1 while it has not)."""
         if self._guard is not None and self._guard["counts"].device != self.device:
             self._guard = {key: value.to(self.device) for key, value in self._guard.items()}
         if self._guard is None:
@@ -655,10 +675,16 @@ class TrainingCore(L.LightningModule):
                     dtype=torch.long,
                     device=self.device,
                 ),
+                # Below the limit (a resume may lower it): such a streak trips at its next skip, where it reaches the limit.
                 "streaks": torch.tensor(
-                    [streaks.get(n, 0) for n in names], dtype=torch.long, device=self.device
+                    [
+                        min(streaks.get(n, 0), (self.core.nonfinite_max_consecutive or 2**62) - 1)
+                        for n in names
+                    ],
+                    dtype=torch.long,
+                    device=self.device,
                 ),
-                "trip": torch.full((2,), -1, dtype=torch.long, device=self.device),
+                "trips": torch.full((len(names),), -1, dtype=torch.long, device=self.device),
             }
             self._guard_names = names
             self._guard_from_host = None
@@ -671,24 +697,25 @@ class TrainingCore(L.LightningModule):
         ):  # state built before this optimizer was known (e.g. read before fit)
             self._guard_names.append(name)
             guard["streaks"] = torch.cat([guard["streaks"], guard["streaks"].new_zeros(1)])
+            guard["trips"] = torch.cat([guard["trips"], guard["trips"].new_full((1,), -1)])
         index = self._guard_names.index(name)
-        skipped = skip.long()
-        overflow = amp_overflow.long() if amp_overflow is not None else torch.zeros_like(skipped)
-        # An fp16 overflow is the scaler doing its job (it halves the scale and retries); a non-finite loss, or NaN
-        # gradients without a scaler, is a guard event. Both extend the streak: K skips in a row mean the scale has
-        # fallen by 2^K and the gradients are NaN for another reason.
-        guard["counts"] += torch.stack([skipped - overflow, overflow])
-        streak = (guard["streaks"][index] + 1) * skipped
-        guard["streaks"][index] = streak
+        # A handful of in-place kernels on views of the counters, whatever the number of parameters. An fp16 overflow
+        # is the scaler doing its job (it halves the scale and retries); a non-finite loss, or NaN gradients without
+        # a scaler, is a guard event. Both extend the streak: K skips in a row mean the scale has fallen by 2^K and
+        # the gradients are NaN for another reason.
+        if amp_overflow is None:
+            guard["counts"][0].add_(skip)
+        else:
+            guard["counts"].add_(torch.stack([skip & ~amp_overflow, amp_overflow]))
+        streak = guard["streaks"][index]
+        streak.add_(1).mul_(skip)
         limit = self.core.nonfinite_max_consecutive
         if limit:
-            trip = guard["trip"]
-            newly = (streak >= limit) & (trip[0] < 0)
-            # Python scalars reach the kernels as arguments: no host-to-device copy (which would wait on CUDA).
-            trip[1] = torch.where(newly, index, trip[1])
+            trip = guard["trips"][index]
             # A replayed graph cannot read self.iteration: there the device's own counter says which iteration.
+            # Python scalars reach the kernels as arguments: no host-to-device copy (which would wait on CUDA).
             iteration = self._iteration_t if self._graphs is not None else self.iteration
-            trip[0] = torch.where(newly, iteration, trip[0])
+            trip.copy_(torch.where(streak == limit, iteration, trip))
 
     @property
     def nonfinite_skipped(self) -> int:
@@ -715,7 +742,9 @@ class TrainingCore(L.LightningModule):
         which a non-fused optimizer made the host wait anyway."""
         guard = self._guard_state()
         counts = guard["counts"].tolist()
-        trip_iteration, trip_index = guard["trip"].tolist()
+        trips = guard["trips"].tolist()
+        tripped = [(iteration, index) for index, iteration in enumerate(trips) if iteration >= 0]
+        trip_iteration, trip_index = min(tripped) if tripped else (-1, -1)
         new_skips = sum(counts) - self._guard_reported
         if new_skips > 0:
             log.warning(
@@ -772,11 +801,18 @@ class TrainingCore(L.LightningModule):
         self.grad_allreduce_calls += grad_allreduce_calls
         logs = dict(logs or {})
         self.iteration += 1
+        constant_rate = self._graphs is not None and self.core.schedule.name == "constant"
         for name, sched in zip(self._optimizer_index, self._schedulers(), strict=True):
             if (
                 "lr" not in self._schedules and f"{name}_lr" not in self._schedules
             ):  # else model.schedules sets it
-                sched.step()
+                if constant_rate:
+                    # The rate never moves: a step would refill the graphed run's learning-rate tensor with its own
+                    # value (kernels every iteration); the count alone advances, as in a stepped scheduler.
+                    sched.last_epoch += 1
+                    sched._step_count += 1
+                else:
+                    sched.step()
         iteration = self.iteration
         # Newest value per key since the last log: a metric of some iterations only (R1's `loss/r1`) still reaches
         # the next logging iteration.
@@ -1115,6 +1151,11 @@ def eager(*modules: nn.Module) -> Iterator[None]:
     finally:
         for m, compiled in switched:
             m._compiled_call_impl = compiled
+
+
+def _nonfinite(value: torch.Tensor) -> torch.Tensor:
+    """True where `value` is inf or NaN, in two kernels (`torch.isfinite` is four): x * 0 is 0 exactly for finite x."""
+    return value.mul(0).ne(0)
 
 
 def _global_norm(grads: list[torch.Tensor]) -> torch.Tensor:

@@ -300,7 +300,11 @@ class GANModule(TrainingCore):
                     with nullcontext() if regularising else self.phase(f"{phase.network}_bwd"):
                         self.loss_backward(loss, phase.network)
                     for key, value in out.logs.items():
-                        value = value.detach().float() / self.core.accumulate
+                        value = value.detach().float()
+                        if (
+                            self.core.accumulate != 1
+                        ):  # a division by 1 would be a kernel that changes nothing
+                            value = value / self.core.accumulate
                         sums[key] = sums[key] + value if key in sums else value
         finally:
             self._timing_forwards = True

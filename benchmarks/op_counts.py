@@ -1,0 +1,179 @@
+"""Aten operations per iteration, template against the plain loop: `python -m benchmarks.op_counts`.
+
+A CPU proxy for the template's per-iteration bookkeeping on the GPU: every aten operation that is not a view is a
+kernel there (or a host-side scalar op in its place). The template runs its graphed iteration
+(`hardware.cuda_graphs=true`, uncaptured on CPU: the same code a capture records) with fused Adam; the plain loop
+(`benchmarks/plain_loop.py`) runs the same networks, objective, optimizer and EMA by hand. Each iteration's
+operations are counted with a `TorchDispatchMode` between the start and the end of the iteration; logging
+iterations are reported apart (they read values on the host).
+
+Bookkeeping that grows with the number of parameter tensors (a copy or a cast per gradient) shows as a count that
+grows with the model's depth: `count_per_iteration` at two resolutions of the same network tells them apart.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import tempfile
+from pathlib import Path
+
+import torch
+from lightning.pytorch.callbacks import Callback
+from torch.utils._python_dispatch import TorchDispatchMode
+
+TARGET = "benchmarks.op_counts.OpCounter"
+LOG_EVERY = 10
+SMALL = {
+    "dcgan": ["model=dcgan", "model.generator.ngf=8", "model.discriminator.ndf=8"],
+    "stylegan2": [
+        "model=stylegan2",
+        "model.generator.channel_base=256",
+        "model.generator.channel_max=16",
+        "model.generator.z_dim=16",
+        "model.generator.w_dim=16",
+        "model.generator.mapping_layers=2",
+        "model.discriminator.channel_base=256",
+        "model.discriminator.channel_max=16",
+    ],
+}
+COMMON = [
+    "hardware=cpu",
+    "precision=32-true",
+    "hardware.channels_last=false",
+    "hardware.optimizer_impl=fused",
+    "hardware.cuda_graphs=true",
+    "data.batch_size=4",
+    "data.limit=64",
+    "train.progress_bar=false",
+    "train.sample_every_n_steps=0",
+    "train.checkpoint_every_n_steps=0",
+    f"train.log_every_n_steps={LOG_EVERY}",
+    "logger=none",
+    "eval.every_n_steps=0",
+]
+
+
+class _Counter(TorchDispatchMode):
+    """Counts aten operations that are not views (a view launches no kernel)."""
+
+    def __init__(self):
+        super().__init__()
+        self.count = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if not func.is_view:
+            self.count += 1
+        return func(*args, **(kwargs or {}))
+
+
+class OpCounter(Callback):
+    """Operations of every training iteration of a template run (class-level, read after `run()`)."""
+
+    counts: list[int] = []
+    _mode: _Counter | None = None
+
+    def on_train_start(self, trainer, pl_module) -> None:
+        OpCounter.counts = []
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
+        OpCounter._mode = _Counter()
+        OpCounter._mode.__enter__()
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        mode, OpCounter._mode = OpCounter._mode, None
+        mode.__exit__(None, None, None)
+        OpCounter.counts.append(mode.count)
+
+
+def _config(model: str, resolution: int, iterations: int, output_dir: Path, extra: list[str]):
+    from omegaconf import open_dict
+
+    from benchmarks.harness import compose
+
+    overrides = [*SMALL[model], *COMMON, f"data.resolution={resolution}", f"max_steps={iterations}", *extra]
+    cfg = compose(overrides, output_dir)
+    with open_dict(cfg):
+        cfg.callbacks.op_counter = {"_target_": TARGET}
+    return cfg
+
+
+def template_counts(model: str, resolution: int, iterations: int, workdir: Path, extra=()) -> list[int]:
+    from pixelsmith.train import run
+
+    cfg = _config(model, resolution, iterations, workdir / f"template-{model}-{resolution}", list(extra))
+    run(cfg)
+    # The instance Hydra made is of this module as imported by name, not of `__main__` when run with -m.
+    from benchmarks.op_counts import OpCounter as counter
+
+    return list(counter.counts)
+
+
+def plain_counts(model: str, resolution: int, iterations: int, workdir: Path) -> list[int]:
+    import lightning as L
+
+    from benchmarks.plain_loop import build_plain_gan, endless, plain_loader
+    from pixelsmith.builders import build_plan
+
+    cfg = _config(model, resolution, iterations, workdir / f"plain-{model}-{resolution}", [])
+    plan = build_plan(cfg)
+    L.seed_everything(cfg.seed, verbose=False)
+    gan = build_plain_gan(cfg, plan, "fused")
+    batches = endless(plain_loader(cfg, plan))
+    counts = []
+    for _ in range(iterations):
+        images = next(batches)
+        with _Counter() as mode:
+            gan.step(images)
+        counts.append(mode.count)
+    return counts
+
+
+def per_iteration(counts: list[int], skip: int = 2) -> dict[str, float]:
+    """Mean operations of the iterations after `skip` (lazy state), over whole logging intervals where possible:
+    `all` every iteration, `quiet` those that log nothing, `logging` those that do (1-based multiples of LOG_EVERY)."""
+    kept = list(enumerate(counts, start=1))[skip:]
+    quiet = [c for i, c in kept if i % LOG_EVERY]
+    logging = [c for i, c in kept if not i % LOG_EVERY]
+    return {
+        "all": statistics.fmean(c for _, c in kept),
+        "quiet": statistics.fmean(quiet) if quiet else float("nan"),
+        "logging": statistics.fmean(logging) if logging else float("nan"),
+    }
+
+
+def measure(models=("dcgan", "stylegan2"), resolution: int = 16, iterations: int = 2 * LOG_EVERY + 2):
+    results = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        for model in models:
+            template = per_iteration(template_counts(model, resolution, iterations, Path(tmp)))
+            plain = per_iteration(plain_counts(model, resolution, iterations, Path(tmp)))
+            results[model] = {"template": template, "plain": plain}
+    return results
+
+
+def report(results: dict) -> str:
+    lines = ["aten ops per iteration (views excluded), template graphed path vs plain loop, CPU fp32"]
+    lines.append(f"{'model':<10} {'plain':>8} {'template':>9} {'ratio':>6} {'quiet':>7} {'logging':>8}")
+    for model, r in results.items():
+        plain, template = r["plain"]["all"], r["template"]
+        lines.append(
+            f"{model:<10} {plain:8.1f} {template['all']:9.1f} {template['all'] / plain:6.2f} "
+            f"{template['quiet'] / r['plain']['quiet']:7.2f} {template['logging'] / r['plain']['logging']:8.2f}"
+        )
+    lines.append("ratio: every iteration; quiet: iterations that log nothing; logging: a logging iteration")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--models", nargs="+", default=["dcgan", "stylegan2"], choices=sorted(SMALL))
+    parser.add_argument("--resolution", type=int, default=16)
+    args = parser.parse_args(argv)
+    torch.set_num_threads(1)
+    print(report(measure(tuple(args.models), args.resolution)))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
