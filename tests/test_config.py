@@ -4,6 +4,7 @@ with messages that name the fix. The GAN models' schemas: test_gan_config.py; th
 
 from __future__ import annotations
 
+from pathlib import Path
 from unittest import mock
 
 import pytest
@@ -108,27 +109,40 @@ def test_auto_detects_cpu_and_cli_precision_wins(tmp_path):
         pytest.skip(
             "no /proc/cpuinfo: this machine's bf16 instructions cannot be read independently of torch"
         )
-    # bf16 autocast only where the CPU has AMX tiles, read here from the kernel's flags rather than from the function
-    # under test: on a 2-core AVX2 machine and on a Zen 4 with AVX512-BF16 it must be fp32, on a Sapphire Rapids bf16.
-    amx = "amx_tile" in flags
-    assert plan.precision == ("bf16-mixed" if amx else "32-true"), sorted(flags & {"avx512_bf16", "amx_tile"})
+    # bf16 autocast where the CPU has AMX tiles, or AVX512-BF16 on AMD, read here from the kernel's flags rather than
+    # from the function under test: fp32 on a 2-core AVX2 machine and on a Cooper Lake Xeon, bf16 on a Zen 4 EPYC and
+    # on a Sapphire Rapids Xeon.
+    amd = "AuthenticAMD" in Path("/proc/cpuinfo").read_text()
+    prefers = "amx_tile" in flags or ("avx512_bf16" in flags and amd)
+    assert plan.precision == ("bf16-mixed" if prefers else "32-true"), sorted(
+        flags & {"avx512_bf16", "amx_tile"}
+    )
 
 
 @pytest.mark.parametrize(
-    ("avx512_bf16", "amx", "auto", "explicit_warns"),
+    ("vendor", "avx512_bf16", "amx", "auto", "explicit_warns"),
     [
-        (False, False, "32-true", "emulated and slow"),
-        (True, False, "32-true", "no AMX: fp32 was measured faster"),  # Cooper Lake, Zen 4/5: fp32 ~3x faster
-        (True, True, "bf16-mixed", None),  # Sapphire Rapids and newer
+        ("GenuineIntel", False, False, "32-true", "emulated and slow"),
+        ("AuthenticAMD", False, False, "32-true", "emulated and slow"),  # Zen 3 and older: AVX2 only
+        (
+            "GenuineIntel",
+            True,
+            False,
+            "32-true",
+            "no AMX: fp32 was measured faster",
+        ),  # Cooper Lake: fp32 ~3x faster
+        ("AuthenticAMD", True, False, "bf16-mixed", None),  # Zen 4/5: bf16 1.26x faster (cpu_prefers_bf16)
+        ("GenuineIntel", True, True, "bf16-mixed", None),  # Sapphire Rapids and newer
     ],
 )
-def test_cpu_precision_auto_takes_bf16_only_with_amx(
-    tmp_path, caplog, avx512_bf16, amx, auto, explicit_warns
+def test_cpu_precision_auto_takes_bf16_where_it_was_measured_faster(
+    tmp_path, caplog, vendor, avx512_bf16, amx, auto, explicit_warns
 ):
     cfg = compose_config(["hardware=cpu"], tmp_path)
     with (
         mock.patch("torch.cpu._is_avx512_bf16_supported", return_value=avx512_bf16),
         mock.patch("torch.cpu._is_amx_tile_supported", return_value=amx),
+        mock.patch("pixelsmith.hardware.cpu_vendor", return_value=vendor),
     ):
         assert build_plan(cfg).precision == auto
         caplog.clear()

@@ -115,7 +115,7 @@ def test_bench_runs_a_tiny_matrix_end_to_end(tmp_path, monkeypatch):
 
 
 def test_bench_report_checks_the_targets_on_the_profile_default_cell(monkeypatch):
-    monkeypatch.setattr(hardware, "cpu_has_amx", lambda: True)  # the cpu profile trains bf16-mixed (AMX)
+    monkeypatch.setattr(hardware, "cpu_prefers_bf16", lambda: True)  # the cpu profile trains bf16-mixed
 
     def record(name, precision, channels_last, overhead):
         settings = {
@@ -146,7 +146,7 @@ def test_bench_report_checks_the_targets_on_the_profile_default_cell(monkeypatch
     )
     # Without AMX the cpu profile trains 32-true: that cell holds its defaults.
     report["cells"][0]["settings"]["channels_last"] = True
-    monkeypatch.setattr(hardware, "cpu_has_amx", lambda: False)
+    monkeypatch.setattr(hardware, "cpu_prefers_bf16", lambda: False)
     assert "the cpu profile's defaults (fp32)" in "\n".join(targets_markdown(report))
 
 

@@ -289,15 +289,15 @@ def _flops(value: float) -> str:
 
 
 def resolve_precision(precision: str, device: torch.device) -> str:
-    """`auto`: bf16-mixed where bf16 is the faster path (a CUDA GPU with bf16, a CPU with AMX: the hardware
-    profiles' rule, docs/platforms.md), else 32-true. Any other value is returned as it is."""
+    """`auto`: bf16-mixed where bf16 is the faster path (a CUDA GPU with bf16, a CPU where
+    `cpu_prefers_bf16`: the hardware profiles' rule, docs/platforms.md), else 32-true. Any other value is returned as it is."""
     if precision != "auto":
         return precision
     if device.type == "cuda":
         return "bf16-mixed" if torch.cuda.is_bf16_supported() else "32-true"
-    from pixelsmith.hardware import cpu_has_amx
+    from pixelsmith.hardware import cpu_prefers_bf16
 
-    return "bf16-mixed" if device.type == "cpu" and cpu_has_amx() else "32-true"
+    return "bf16-mixed" if device.type == "cpu" and cpu_prefers_bf16() else "32-true"
 
 
 def network_flops_per_pixel(stylizer: nn.Module, probe_side: int = 128) -> float:
