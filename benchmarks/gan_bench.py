@@ -74,7 +74,7 @@ class Cell:
         return self.name.replace(" ", "_")
 
 
-# The default matrix: DCGAN at 64 px, batch 64 (the reference point), switching on the CPU profile's
+# The default matrix: DCGAN at 64 px, batch 64 (the reference point of the speed targets), switching on the CPU profile's
 # settings one at a time. The first cell is "no switches" (fp32, contiguous, eager, foreach Adam); the last is the
 # cpu profile's defaults (bf16 autocast, channels_last, fused Adam; compile stays off on CPU).
 DEFAULT_CELLS = [
@@ -756,7 +756,7 @@ def bench_markdown(report: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-# The performance issue's targets, checked on every report (CPU figures for DCGAN 64 px, batch 64).
+# The performance targets, checked on every report (CPU figures for DCGAN 64 px, batch 64).
 TARGET_SPEEDUP = 1.7  # the profile's defaults vs fp32 contiguous eager (the first cell)
 TARGET_OVERHEAD = 0.03  # template vs plain loop, pooled median iteration
 TARGET_DATA_WAIT = 0.05  # share of the step

@@ -19,7 +19,7 @@ the header says these are CPU dry-run numbers: the tool's logic runs end to end 
 The bench stage reuses `benchmarks.gan_bench`'s child runs (`run_child`: template, plain loop, the plain step
 captured as CUDA graphs) and adds a template column with `hardware.cuda_graphs=true` (the template's own iteration
 captured); the style stage reuses `benchmarks.style_bench`'s (the template eager and with `hardware.cuda_graphs=true`,
-fast_neural_style's published method, the plain loop). Issue 21's targets, and issue 24's for style training
+fast_neural_style's published method, the plain loop). The speed targets, and style training's
 (template with cuda_graphs >= 1.5x fast_neural_style at 256 px, batch 4), are printed as ratios measured in the same
 run, never asserted.
 """
@@ -419,7 +419,7 @@ TRAIN_DRY_RUN = [
     "train.log_every_n_steps=2",
     "train.progress_bar=false",
 ]
-TARGET_MAIN_JOB_IMG_PER_S = 40_000.0  # issue 21: the main job (32 px, batch 256) on an H100-class GPU
+TARGET_MAIN_JOB_IMG_PER_S = 40_000.0  # the main job (32 px, batch 256) on an H100-class GPU
 
 
 def read_run_dir(run_dir: Path) -> dict[str, Any]:
@@ -638,7 +638,7 @@ def bench_cells(dry_run: bool) -> list[BenchCell]:
 
 
 def bench_schedule(cells: list[BenchCell]) -> list[tuple[BenchCell, str]]:
-    """(cell, kind) in the order they run: what issue 21's ratios need first (bf16 template, graph, plain), then
+    """(cell, kind) in the order they run: what the DCGAN ratios need first (bf16 template, graph, plain), then
     StyleGAN2's template, then the rest; a short stage drops the end of this list."""
     first = cells[0]
     order = [
@@ -740,7 +740,7 @@ def stage_bench(args, env: Environment, report: StageReport, deadline: Deadline)
         "img/s: `benchmarks.gan_bench` child runs, one fresh process each (warm-up, compile and capture before the "
         "timed iterations). MFU = FLOPs per iteration (matmuls and convolutions, counted once per cell) x "
         "iterations/s / peak; peaks: " + ("; ".join(peaks) or "none known") + ".",
-        "Ratios are issue 21's targets, measured in this run. A cell skipped for time runs alone with "
+        "Ratios are the targets, measured in this run. A cell skipped for time runs alone with "
         "`--only <part of its name>` (e.g. `--only 32-true`, `--only StyleGAN2`).",
     ]
 
@@ -791,7 +791,7 @@ def _nvlabs_phases(args, env: Environment, report: StageReport, deadline: Deadli
 
 
 def _bench_rows(report, cells, results, flops_of, env) -> None:
-    """Rebuild the table from the results so far: a row per cell and kind, then issue 21's ratios."""
+    """Rebuild the table from the results so far: a row per cell and kind, then the targets' ratios."""
     report.rows = []
     peaks = {}
     for cell in cells:
@@ -842,7 +842,7 @@ def _bench_rows(report, cells, results, flops_of, env) -> None:
 
 
 def bench_ratios(cells, results, env):
-    """Issue 21's targets as (label, numerator, denominator, target, comparison), measured in this run."""
+    """The DCGAN targets as (label, numerator, denominator, target, comparison), measured in this run."""
 
     def rate(label_part: str, precision: str, kind: str) -> float | None:
         for cell in cells:
@@ -994,7 +994,7 @@ def _style_stylize(args, env, report, deadline) -> None:
     report.add(step=name, measure="tile plan", value="; ".join(plans) or "not said", status="info")
 
 
-# Issue 24's folder targets on one H100-class GPU: 8K images per second by output format.
+# The folder targets on one H100-class GPU: 8K images per second by output format.
 FOLDER_TARGETS = {"jpg": 20.0, "png": 3.0}
 
 
@@ -1041,7 +1041,7 @@ STYLE_KIND_LABELS = {
     "peer": "fast_neural_style's method (fp32, as published)",
     "plain": "plain",
 }
-STYLE_TARGET = 1.5  # issue 24, part 6: template with cuda_graphs >= 1.5x fast_neural_style's img/s
+STYLE_TARGET = 1.5  # template with cuda_graphs >= 1.5x fast_neural_style's img/s
 
 
 def _style_training(args, env, report, deadline) -> None:
@@ -1102,7 +1102,7 @@ def _style_training(args, env, report, deadline) -> None:
             ratio = rates["template_graphed"] / rates["peer"]
             report.add(
                 step=f"style training {precision}",
-                measure=f"template with cuda_graphs / fast_neural_style (issue 24; target >= {STYLE_TARGET})",
+                measure=f"template with cuda_graphs / fast_neural_style (target >= {STYLE_TARGET})",
                 value=f"{ratio:.3f}",
                 status="info" if dry else "met" if ratio >= STYLE_TARGET else "not met",
             )
@@ -1155,7 +1155,7 @@ def _style_no_sync(args, env, report, deadline) -> None:
 # ---- stage: data -------------------------------------------------------------------------------------------------
 def stage_data(args, env: Environment, report: StageReport, deadline: Deadline) -> None:
     """The loader benchmark (`benchmarks.loader_bench`): decoded img/s per source and decoder, nvJPEG on the device,
-    beside the training step's img/s on the GPU profile (issue 26)."""
+    beside the training step's img/s on the GPU profile."""
     sizes = ["64", "256"] if env.dry_run else ["64", "256", "1024"]
     command = [sys.executable, "-m", "benchmarks.loader_bench", "--sizes", *sizes, "--hardware", "auto"]
     if env.dry_run:

@@ -12,7 +12,7 @@ slows all alike. The kinds:
   machine without CUDA the graphed code runs uncaptured, and the report says so);
 - "peer": fast_neural_style's published training method written as a plain loop (`benchmarks/style_peer.py`: its
   own TransformerNet and VGG16 loss, fp32 as published, whatever `--precisions` says), the target's yardstick:
-  issue 24 asks for template_graphed / peer >= 1.5 at 256 px, batch 4, on the same GPU;
+  the target is template_graphed / peer >= 1.5 at 256 px, batch 4, on the same GPU;
 - "plain": what a user would write by hand around the template's very networks and loss (`FastStyleModule.stylizer`
   and `.criterion`, built from the same config): Adam, autocast, channels_last, the same loader; template / plain is
   the template's overhead.
@@ -279,7 +279,7 @@ def report_markdown(results: dict[str, Any], args: argparse.Namespace) -> str:
         f"(after {args.warmup} warm-up), medians over repeats",
         "",
         "| precision | template eager img/s | template cuda_graphs img/s | fast_neural_style img/s (fp32, as "
-        "published) | plain loop img/s | cuda_graphs / fast_neural_style (issue 24: >= 1.5) | eager / "
+        "published) | plain loop img/s | cuda_graphs / fast_neural_style (target: >= 1.5) | eager / "
         "fast_neural_style | template / plain | median iteration ms (eager / graphs / fast_neural_style / plain) |",
         "|---|---:|---:|---:|---:|---:|---:|---:|---|",
     ]

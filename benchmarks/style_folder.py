@@ -16,7 +16,7 @@ For each size (2K = 2048x1080, 4K = 3840x2160, 8K = 7680x4320, or WxH) a folder 
   time, nothing overlapped.
 Both use the paper's network (TransformerNet, 32 base channels, 5 residual blocks, random weights: speed does not
 depend on them). Each cell is run `--repeats` times after one warm-up image; the table prints medians of
-images/s, the ratio ours / peer, and ours' network TFLOP/s and MFU from the run's summary. Targets (issue 24): one
+images/s, the ratio ours / peer, and ours' network TFLOP/s and MFU from the run's summary. Targets: one
 H100 >= 20 8K JPEG/s, >= 3 8K PNG/s; a 2-core CPU >= 1.3x the peer at 2K. The peer's 8K forward needs ~35 GB: on a
 smaller device its cell says "out of memory" rather than stopping the table.
 """

@@ -1,4 +1,4 @@
-"""The peer of style training's speed target (issue 24, part 6): a plain loop written from the method that
+"""The peer of style training's speed target: a plain loop written from the method that
 pytorch/examples' fast_neural_style publishes, independent of the template's networks and loss.
 
 The method: Johnson et al.'s TransformerNet (9x9 conv, two stride-2 convs, residual blocks, two nearest-upsample

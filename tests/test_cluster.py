@@ -1,4 +1,4 @@
-"""Clusters and faults (issue 12): preemption signals, auto-resume, run dirs owned by one run, launcher topology,
+"""Clusters and faults: preemption signals, auto-resume, run dirs owned by one run, launcher topology,
 one run dir under torchrun (one node x 2 and 2 nodes x 1 over gloo on 127.0.0.1), a dead rank reported by name,
 the SLURM launcher's sbatch script (golden file) and a sweep under submitit's local executor. A dead loader worker:
 tests/test_data.py."""

@@ -321,7 +321,7 @@ def test_bench_cells_past_the_stage_limit_are_rows_saying_no_time_was_left(tmp_p
     skipped = [r for r in rows if r["status"] == "skip"]
     assert len(ran) == 6 and len(ran) + len(skipped) == len(rows) == 10
     assert all(r["result"] == "skipped: no time left in the stage's 540 s" for r in skipped)
-    # The first cell's four kinds ran first (issue 21's ratios need them), then the other cells' templates.
+    # The first cell's four kinds ran first (the DCGAN ratios need them), then the other cells' templates.
     assert {(r["cell"], r["kind"]) for r in ran} >= {
         ("DCGAN-32 b8 bf16-mixed", kind) for kind in gpu_check.KIND_LABELS.values()
     } | {("DCGAN-32 b8 32-true", "template"), ("StyleGAN2-32 tiny b4 bf16-mixed", "template")}

@@ -1,4 +1,4 @@
-"""Interrupts and resumes (issue 22, part 3): Ctrl-C ends the iteration, writes last.ckpt and exits 130 with the
+"""Interrupts and resumes: Ctrl-C ends the iteration, writes last.ckpt and exits 130 with the
 command that resumes (one process, two DDP processes; a style run with loader workers: test_style_interrupts.py); a second Ctrl-C, or one in
 set-up, stops at once and leaves the previous last.ckpt as it was; a resume with another model, a finished run or a
 truncated checkpoint is refused at start-up with one paragraph and nothing written."""

@@ -100,7 +100,7 @@ def test_dcgan_iteration_flops_match_the_convolution_formula(tmp_path):
 
 @pytest.mark.bench
 def test_stylegan2_counts_flops_and_lazy_r1_costs_more(tmp_path):
-    """The issue's failure: G's forward under no_grad (the fakes for D) hands StyleGAN2's constant input, a view of
+    """The failure seen: G's forward under no_grad (the fakes for D) hands StyleGAN2's constant input, a view of
     a parameter made under no_grad, to the module tracker, which raised "Expected gradient function to be set"."""
     gan, images = _plain(tmp_path, "stylegan2")
     counts = count_gan_iteration_flops(gan, images)

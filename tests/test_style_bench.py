@@ -1,5 +1,5 @@
 """The style-training bench runs its four kinds (the template eager and with hardware.cuda_graphs, fast_neural_style's
-method, the plain loop) in fresh interpreters and prints them side by side with their ratios, issue 24's
+method, the plain loop) in fresh interpreters and prints them side by side with their ratios, the
 cuda_graphs / fast_neural_style among them, without the main job's time budget."""
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ def test_the_style_bench_prints_every_kind_side_by_side_with_the_ratios(capsys):
     assert graphed_peer == pytest.approx(graphed / peer, abs=2e-3)
     assert eager_peer == pytest.approx(eager / peer, abs=2e-3)
     assert eager_plain == pytest.approx(eager / plain, abs=2e-3)
-    assert "cuda_graphs / fast_neural_style (issue 24: >= 1.5)" in out.out
+    assert "cuda_graphs / fast_neural_style (target: >= 1.5)" in out.out
     # Without CUDA the graphed column ran the graphed code uncaptured, and the report says so.
     assert "template_graphed runs: uncaptured (no CUDA device" in out.out
 

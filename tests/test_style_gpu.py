@@ -91,7 +91,7 @@ def test_no_host_sync_across_the_whole_lightning_loop_of_a_style_run_with_a_data
     assert_no_host_sync_across_the_loop(overrides, tmp_path, monkeypatch)
 
 
-# ---- 8K stylize with tile=auto, and a real out-of-memory halving (issue 21, point 5) ----------------------------
+# ---- 8K stylize with tile=auto, and a real out-of-memory halving -----------------------------------------------
 # The CPU dry run stylizes 1024x576 and simulates the out-of-memory error: a CPU has no allocator cap to run into.
 STYLIZE_SIZE = (1024, 576) if ON_CPU else (7680, 4320)
 STYLIZE_DEVICE = "cpu" if ON_CPU else "cuda"
@@ -227,5 +227,5 @@ def test_8k_stylize_halves_an_auto_tile_that_runs_out_of_memory_under_the_memory
     assert np.abs(halved.astype(np.int16) - reference.astype(np.int16)).max() <= 1
 
 
-# ---- no host sync across the whole Lightning loop (issue 21, point 5) --------------------------------------------
+# ---- no host sync across the whole Lightning loop ---------------------------------------------------------------
 # A callback that reads a device value at every batch end, planted after the check (tests/test_host_sync.py).

@@ -88,8 +88,8 @@ def test_the_style_stage_stylizes_for_real_and_tables_training_and_the_no_sync_r
         r for r in table["rows"] if r["measure"].startswith("template with cuda_graphs / fast_neural_style")
     ]
     assert [(r["measure"], r["value"], r["status"]) for r in target] == [
-        ("template with cuda_graphs / fast_neural_style (issue 24; target >= 1.5)", "1.500", "info")
-    ]  # issue 24's target as a ratio; a dry run's is information only
+        ("template with cuda_graphs / fast_neural_style (target >= 1.5)", "1.500", "info")
+    ]  # the target as a ratio; a dry run's is information only
     plain = rows["style training 64 px b2 32-true, plain"]
     assert plain["status"] == "fail" and plain["value"] == "RuntimeError: the plain loop broke"
     assert rows["no host sync: main job (DCGAN, data on the device)"]["status"] == "ok"

@@ -15,7 +15,7 @@ from tests.test_gpu_graphs import pytestmark as gpu_marks
 
 pytestmark = gpu_marks
 
-# Fast style transfer (issue 24, part 6): the paper's network and crop size, random VGG16 weights (the same cost),
+# Fast style transfer: the paper's network and crop size, random VGG16 weights (the same cost),
 # no validation grids; the GPU profile's precision (bf16).
 STYLE = [
     "~local",

@@ -1,4 +1,4 @@
-"""Style training under `hardware.cuda_graphs` on CPU (issue 24, part 6): the style models declare an iteration plan,
+"""Style training under `hardware.cuda_graphs` on CPU: the style models declare an iteration plan,
 so the template's capture takes them. On CPU nothing is captured, but the graphed iteration's code runs (static batch
 buffer, tensor learning rates, device counters, AdaIN's style crops in a static buffer filled before the iteration);
 it equals the eager iteration, resumes bit-exactly, never waits for the device, and with CUDA's capture stood in for

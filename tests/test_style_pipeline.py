@@ -1,4 +1,4 @@
-"""The stylize folder pipeline (issue 24): bounded queues, codecs, failures, resume, devices, FLOPs and the summary.
+"""The stylize folder pipeline: bounded queues, codecs, failures, resume, devices, FLOPs and the summary.
 
 CPU proves what it can: the device-JPEG path runs with torchvision's codec on the CPU (libjpeg-turbo there, nvJPEG
 on CUDA: the same calls), `devices=2 device=cpu` runs the real two-process sharding and gather over gloo, and a

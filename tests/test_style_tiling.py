@@ -329,7 +329,7 @@ def test_an_auto_tile_that_runs_out_of_memory_is_halved(net, photo, monkeypatch,
 
 def test_compiled_tiles_match_eager_ones_and_a_second_image_compiles_nothing(photo):
     """compile=true: one graph per tile batch shape, the thumbnail's statistics fed in as tensors, so the next image
-    of the same plan replays the same graphs (issue 24: "compiled ... over fixed tile shapes")."""
+    of the same plan replays the same graphs ("compiled ... over fixed tile shapes")."""
     from tests.compile_counts import compile_counts
 
     torch.manual_seed(0)
