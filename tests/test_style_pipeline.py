@@ -11,7 +11,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from concurrent.futures import Future
 from pathlib import Path
 
@@ -290,19 +289,38 @@ def test_two_cpu_processes_share_a_folder_each_file_once_with_one_merged_summary
         )
 
 
+# Runs stylize.py (argv[1:]) with its writer killed by SIGKILL once the third image is on disk.
+KILL_AFTER_THIRD_WRITE = """
+import os, runpy, signal, sys
+import pixelsmith.style.pipeline as pipeline
+original, written = pipeline.save_image, []
+def save_then_die(*args, **kwargs):
+    original(*args, **kwargs)
+    written.append(args)
+    if len(written) == 3:
+        os.kill(os.getpid(), signal.SIGKILL)
+pipeline.save_image = save_then_die
+sys.argv = sys.argv[1:]
+runpy.run_path(sys.argv[0], run_name="__main__")
+"""
+
+
 @pytest.mark.slow
 def test_a_killed_job_rerun_with_overwrite_false_does_only_the_missing_files(checkpoint, tmp_path):
     path, _ = checkpoint
     names = make_folder(tmp_path / "in", 12)
-    command = [sys.executable, str(REPO / "stylize.py"), f"ckpt_path={path}", f"input={tmp_path / 'in'}"]
-    command += [f"output={tmp_path / 'out'}", "tile=32", "overlap=8", "progress=false", "device=cpu"]
-    command += ["overwrite=false", "workers=0", "thumbnail=16"]
-    job = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline and len(list((tmp_path / "out").glob("*.png"))) < 3:
-        time.sleep(0.05)
-    os.killpg(job.pid, signal.SIGKILL)
-    job.wait()
+    arguments = [f"ckpt_path={path}", f"input={tmp_path / 'in'}", f"output={tmp_path / 'out'}", "tile=32"]
+    arguments += ["overlap=8", "progress=false", "device=cpu", "overwrite=false", "workers=0", "thumbnail=16"]
+    command = [sys.executable, str(REPO / "stylize.py"), *arguments]
+    # The kill lands right after the third image is written, whatever the machine's speed (a fault injected at the
+    # write, not a race against a clock: small images stylize faster than a poll could stop them).
+    killed = subprocess.run(
+        [sys.executable, "-c", KILL_AFTER_THIRD_WRITE, str(REPO / "stylize.py"), *arguments],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert killed.returncode == -signal.SIGKILL, killed.stderr[-2000:]
     done_before = {p.name: p.stat().st_mtime_ns for p in (tmp_path / "out").glob("*.png")}
     assert 3 <= len(done_before) < len(names), "the kill should land mid-folder"
     for done in done_before:  # every file there is a whole image: writes are atomic
