@@ -156,7 +156,10 @@ class StartupReport:
         self.last_event_at_s = timing.first_run_at_s
         # What is not compilation is the device's first time through: cuDNN's autotuning of every new convolution
         # (hardware.cudnn_benchmark), lazy allocations, and the eager phases themselves.
-        log.info(
+        # Said where it matters (a second or more: compilation, autotuning); a plain CPU run's first iterations
+        # take milliseconds and the line would only be noise.
+        log.log(
+            logging.INFO if seconds >= 1.0 else logging.DEBUG,
             "Start-up: plan %s ran for the first time in %.1f s: torch.compile %.1f s, the rest (first kernels, "
             "cuDNN autotuning, allocations) %.1f s; %.1f s after launch.",
             plan_label(plan),
