@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 # This checkout's code first, ahead of any pixelsmith installed in the environment: an editable install of another
-# clone would otherwise run here, with this checkout's configs (pixelsmith.paths).
+# clone would otherwise run here, with this checkout's configs (pixelsmith.config.paths).
 sys.path.insert(0, str(Path(__file__).resolve().parent / "src"))
 
 from benchmarks.gan_bench import main

@@ -3,7 +3,7 @@
 pyproject.toml holds everything else. A hand-written list there would name every sub-package, so deleting an
 optional part (README "Removing a part": `src/pixelsmith/style/` or `src/pixelsmith/gan/`) would break the install
 until the list was edited too. Discovery (`find_packages` under src/) needs no edit; the two top-level folders that
-install as packages (`pixelsmith.paths`: the config tree and the embedded data, mapped in pyproject's
+install as packages (`pixelsmith.config.paths`: the config tree and the embedded data, mapped in pyproject's
 [tool.setuptools.package-dir]) and the hydra_plugins namespace package are added by name because no discovery finds
 them: hydra_plugins has no __init__.py (a namespace shared with other plugins; listing it makes an editable install
 put src/hydra_plugins on Hydra's plugin search path).

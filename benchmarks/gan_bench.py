@@ -6,7 +6,7 @@ PyTorch loop doing the same work, so the template's overhead is a measured ratio
     python bench.py --models dcgan --precisions 32-true bf16-mixed --channels-last false true --batch-sizes 64
     python bench.py --repeats 5 --warmup 3 --steps 20 --hardware auto   # on a GPU machine
 
-Per cell and repeat, the template run (`pixelsmith.train.run` with the default callbacks and loggers, progress bar
+Per cell and repeat, the template run (`pixelsmith.run.fit.run` with the default callbacks and loggers, progress bar
 off) and the plain loop (`benchmarks.plain_loop`) each run in a new Python process (no allocator, oneDNN or
 compile cache carried over), `--warmup` iterations first, then `--steps` timed ones; images/s = steps x batch /
 (wall time from the end of the last warm-up iteration to the end of the last timed one), the same clock for both.
@@ -167,7 +167,7 @@ def child_main(spec: dict[str, Any]) -> dict[str, Any]:
     if spec["kind"] in ("template", "template_graphed"):
         from omegaconf import open_dict
 
-        from pixelsmith.train import run
+        from pixelsmith.run.fit import run
 
         with open_dict(cfg):
             cfg.callbacks = cfg.callbacks or {}
@@ -183,7 +183,7 @@ def child_main(spec: dict[str, Any]) -> dict[str, Any]:
             result["breakdown_csv"] = str(breakdown)
             result["breakdown_md"] = str(output_dir / "perf" / "breakdown.md")
         if spec.get("count_flops"):
-            from pixelsmith.builders import build_plan
+            from pixelsmith.run.build import build_plan
 
             plan = build_plan(cfg)
             result.update(_count_plain_flops(cfg, plan, plan.optimizer_impl, spec["warmup"], spec["steps"]))
@@ -191,8 +191,8 @@ def child_main(spec: dict[str, Any]) -> dict[str, Any]:
         import lightning as L
 
         from benchmarks.plain_loop import build_plain_gan, plain_loader, run_plain
-        from pixelsmith.builders import build_plan
-        from pixelsmith.hardware import apply_plan
+        from pixelsmith.hardware.plan import apply_plan
+        from pixelsmith.run.build import build_plan
 
         plan = build_plan(cfg)
         apply_plan(plan)
@@ -317,7 +317,7 @@ def emulated_bf16_reason(args: argparse.Namespace) -> str | None:
     CPU with AVX512-BF16 or AMX, or when `--emulated-bf16` asks for them anyway."""
     if getattr(args, "emulated_bf16", False) or (args.hardware != "cpu" and _cuda_available()):
         return None
-    from pixelsmith.hardware import cpu_has_native_bf16
+    from pixelsmith.hardware.plan import cpu_has_native_bf16
 
     if cpu_has_native_bf16():
         return None
@@ -769,7 +769,7 @@ def _profile_cell(report: dict[str, Any]) -> dict[str, Any] | None:
     from hydra.errors import HydraException
 
     from benchmarks.harness import compose
-    from pixelsmith.builders import build_plan
+    from pixelsmith.run.build import build_plan
 
     try:
         with tempfile.TemporaryDirectory() as scratch:

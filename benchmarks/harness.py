@@ -3,7 +3,7 @@ main job's time budget, `IterationClock`, the callback that stamps the end of ev
 run, and `require_every_iteration`, the check that a run trained every iteration a benchmark times.
 
 A template run names the clock as a config entry (`cfg.callbacks.bench_clock`, `CLOCK_TARGET`), so Hydra
-instantiates it like any other callback; the benchmark reads the class-level lists after `pixelsmith.train.run`.
+instantiates it like any other callback; the benchmark reads the class-level lists after `pixelsmith.run.fit.run`.
 """
 
 from __future__ import annotations
@@ -66,9 +66,9 @@ def compose(overrides: list[str], output_dir: Path):
     from hydra.core.global_hydra import GlobalHydra
     from omegaconf import open_dict
 
+    from pixelsmith.config.paths import CONF_DIR
     from pixelsmith.config.schema import register_configs
-    from pixelsmith.hardware import register_detected_profile
-    from pixelsmith.paths import CONF_DIR
+    from pixelsmith.hardware.plan import register_detected_profile
 
     register_configs()
     register_detected_profile()  # what `hardware=auto` composes
@@ -85,7 +85,7 @@ class RunEndedEarly(PixelsmithError):
 
 
 def require_every_iteration(metrics: dict, expected: int) -> None:
-    """Stop with the cause when a template run (`metrics`: what `pixelsmith.train.run` returned) ended before
+    """Stop with the cause when a template run (`metrics`: what `pixelsmith.run.fit.run` returned) ended before
     `expected` iterations: its timed window would be short, and a figure from it would be wrong."""
     trained = int(metrics.get("iteration", 0))
     if trained >= expected:

@@ -114,7 +114,7 @@ def time_cell(dataset, size: int, decoder: str, repeats: int, batch: int = 64) -
 
 def step_images_per_second(size: int, hardware: str, steps: int = 6) -> tuple[str, float]:
     from benchmarks.plain_loop import build_plain_gan
-    from pixelsmith.builders import build_plan
+    from pixelsmith.run.build import build_plan
 
     model = ["model=dcgan"] if size <= 64 else ["model=stylegan2"]
     narrow = (

@@ -99,7 +99,7 @@ def _config(model: str, resolution: int, iterations: int, output_dir: Path, extr
 
 
 def template_counts(model: str, resolution: int, iterations: int, workdir: Path, extra=()) -> list[int]:
-    from pixelsmith.train import run
+    from pixelsmith.run.fit import run
 
     cfg = _config(model, resolution, iterations, workdir / f"template-{model}-{resolution}", list(extra))
     run(cfg)
@@ -113,7 +113,7 @@ def plain_counts(model: str, resolution: int, iterations: int, workdir: Path) ->
     import lightning as L
 
     from benchmarks.plain_loop import build_plain_gan, endless, plain_loader
-    from pixelsmith.builders import build_plan
+    from pixelsmith.run.build import build_plan
 
     cfg = _config(model, resolution, iterations, workdir / f"plain-{model}-{resolution}", [])
     plan = build_plan(cfg)

@@ -127,8 +127,8 @@ def measure(iterations: int = 120, repeats: int = 2, workdir: Path | None = None
 
     from benchmarks.harness import IterationClock, require_every_iteration
     from benchmarks.plain_loop import build_plain_gan, plain_loader, run_plain
-    from pixelsmith.builders import build_plan
-    from pixelsmith.train import run
+    from pixelsmith.run.build import build_plan
+    from pixelsmith.run.fit import run
 
     workdir = workdir or Path("outputs") / "overhead"
     skip = min(10, iterations // 3)

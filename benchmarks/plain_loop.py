@@ -28,7 +28,7 @@ from pixelsmith.core.precision import AUTOCAST_DTYPES
 from pixelsmith.errors import PixelsmithError
 from pixelsmith.gan.module import build_objective
 from pixelsmith.gan.objectives import GANBatch, GANObjective, Phase
-from pixelsmith.hardware import RuntimePlan
+from pixelsmith.hardware.plan import RuntimePlan
 
 
 @dataclass
@@ -172,7 +172,7 @@ def plain_loader(cfg: DictConfig, plan: RuntimePlan) -> Iterable[torch.Tensor]:
     """The same dataset and loader settings as the template's datamodule, with a plain shuffling sampler; with
     `data.on_device` (MNIST) the images live on the device and each epoch is a device-side permutation, as a user
     who keeps a small dataset on the GPU would write it."""
-    from pixelsmith.builders import build_datamodule
+    from pixelsmith.run.build import build_datamodule
 
     datamodule = build_datamodule(cfg, plan)
     datamodule.setup("fit")

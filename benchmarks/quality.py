@@ -30,7 +30,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from pixelsmith.paths import REPO_ROOT
+from pixelsmith.config.paths import REPO_ROOT
 
 # Named rows: the overrides of `python train.py` each trains with. "dcgan" is the README's first command as it is.
 ROWS: dict[str, list[str]] = {
@@ -110,7 +110,7 @@ def row_command(overrides: list[str], args: argparse.Namespace, run_dir: Path) -
     cadence, no intermediate samples, one fixed run dir)."""
     if args.kimg is not None:
         from benchmarks.harness import compose
-        from pixelsmith.builders import build_plan
+        from pixelsmith.run.build import build_plan
 
         cfg = compose([f"hardware={args.hardware}", *overrides], run_dir)
         batch = int(cfg.data.batch_size or build_plan(cfg).batch_size) * int(cfg.accumulate)

@@ -69,7 +69,7 @@ def _run_template(cfg) -> tuple[list[float], str]:
 
     from omegaconf import open_dict
 
-    from pixelsmith.train import run
+    from pixelsmith.run.fit import run
 
     with open_dict(cfg):  # the GAN bench's clock: the same readings for both benches and both kinds
         cfg.callbacks.bench_clock = {"_target_": CLOCK_TARGET}
@@ -106,8 +106,8 @@ def _run_plain(cfg, iterations: int) -> list[float]:
     import lightning as L
     import torch
 
-    from pixelsmith.builders import build_core_settings, build_datamodule, build_model, build_plan
-    from pixelsmith.hardware import apply_plan
+    from pixelsmith.hardware.plan import apply_plan
+    from pixelsmith.run.build import build_core_settings, build_datamodule, build_model, build_plan
 
     plan = build_plan(cfg)
     apply_plan(plan)
@@ -148,8 +148,8 @@ def _run_peer(cfg, iterations: int) -> list[float]:
     import torch
 
     from benchmarks import style_peer
-    from pixelsmith.builders import build_datamodule, build_plan
-    from pixelsmith.hardware import apply_plan
+    from pixelsmith.hardware.plan import apply_plan
+    from pixelsmith.run.build import build_datamodule, build_plan
     from pixelsmith.style.data import load_style_images
     from pixelsmith.style.module import resolve_style_paths
 

@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from pixelsmith.train import run
+from pixelsmith.run.fit import run
 from tests.conftest import compose_config
 
 BATCH = 4  # images per iteration in the breakdown runs of both parts

@@ -1,8 +1,8 @@
 """The training package's import structure, read from the source with `ast` (nothing is imported): no import circle
 between its parts, every import goes down the declared layers, and nothing under src/ imports the benchmarks.
 
-A "part" is a sub-package (`pixelsmith.core`, `pixelsmith.gan`, ...) or a top-level module (`pixelsmith.train`,
-`pixelsmith.errors`, ...). Every `import` counts, at module level, inside functions and under `TYPE_CHECKING`
+A "part" is a sub-package (`pixelsmith.core`, `pixelsmith.gan`, ...), a top-level module (`pixelsmith.errors`, ...) or a module of a room
+(`pixelsmith.run.fit`: ROOMS). Every `import` counts, at module level, inside functions and under `TYPE_CHECKING`
 alike: a deferred import is still a dependency, it only moves the failure to run time.
 
 Adding a part: put it in `LAYERS`. An import that breaks a rule is fixed by moving the shared piece down to where it
@@ -18,26 +18,32 @@ from pathlib import Path
 SRC = Path(__file__).resolve().parents[1] / "src"
 PACKAGE = "pixelsmith"
 
+# Rooms: packages that group modules by their job (the run, the configs, the hardware, the reports), each module of
+# which sits in a layer of its own. Elsewhere a sub-package is one part.
+ROOMS = ("run", "config", "hardware", "reports")
+
 # Bottom to top. A part may import parts of lower layers only (never its own layer's, never a higher one's).
 LAYERS: list[tuple[str, ...]] = [
-    # no Pixelsmith import at all (choices: the schemas' choice fields)
+    # no Pixelsmith import at all (config.choices: the schemas' choice fields; config.rules: range rules)
     # (parts: finds the optional model parts at run time, by their part.py, without importing them by name)
-    ("errors", "hashing", "launch", "choices", "stylegan2_auto", "parts", "argv_options"),
-    ("paths", "safe_load"),  # where the config tree and data live; loading user files as data only
+    ("errors", "hashing", "run.launch", "config.choices", "parts", "config.argv_options"),
+    ("config.paths", "safe_load", "config.rules"),  # where the config tree and data live; user files as data
     ("core",),  # the training core (loop bookkeeping, optimizers, precision, strategies) and its schemas
-    ("hardware_config",),  # the hardware/precision/strategy schemas
-    ("hardware",),  # profiles -> the one runtime plan
-    ("builders",),  # plan, core settings, datamodule and model from the composed config
+    ("hardware.schema",),  # the hardware/precision/strategy schemas
+    ("hardware.plan",),  # profiles -> the one runtime plan
+    ("run.build",),  # plan, core settings, datamodule and model from the composed config
     ("augment", "data", "perf"),  # augmentation, data modules, the performance hooks training uses
     ("metrics",),  # evaluation: reads the data; the Gram matrix the style loss imports
     # The optional model parts (MODEL_PARTS): leaves that only they import, so a fork deletes one with no other edit.
     ("gan", "style"),
-    ("callbacks", "loggers", "report", "run_dir", "optuna_report"),
-    ("resume",),  # the checks before a resume, the command that resumes (reads run_dir's marker)
-    ("config",),  # the root schema: registers every part's schema (each beside its code), validates ranges
-    ("train", "sweep_summary"),  # builds and fits a run
-    ("evaluate", "entry"),
-    ("cli", PACKAGE),  # installed entry points; the package's own __init__
+    ("callbacks", "loggers", "reports.html", "run.run_dir", "reports.optuna"),
+    ("run.resume",),  # the checks before a resume, the command that resumes (reads run_dir's marker)
+    ("config.schema",),  # the root schema: registers every part's schema (each beside its code)
+    ("config.validate",),  # range checks of the composed config
+    ("run.trainer",),  # the Lightning Trainer: strategy, loggers, callbacks
+    ("run.fit", "reports.sweep_summary"),  # builds and fits a run
+    ("run.evaluate", "run.entry"),
+    ("cli", PACKAGE, *ROOMS),  # installed entry points; the package's and the rooms' own __init__
 ]
 
 # The optional parts (README "Removing a part"): no other part imports them (general code reaches them through
@@ -61,6 +67,8 @@ def _modules() -> dict[str, Path]:
 
 def _part(module: str) -> str:
     names = module.split(".")
+    if len(names) > 2 and names[1] in ROOMS:
+        return f"{names[1]}.{names[2]}"
     return names[1] if len(names) > 1 else PACKAGE
 
 
@@ -197,15 +205,15 @@ def test_imports_go_down_the_declared_layers():
 def test_the_rules_the_layers_stand_for():
     """The same rules spelled out, so a change of LAYERS cannot quietly drop them."""
     forbidden = {
-        "core": {"perf", "train", "gan", "style", "callbacks", "data", "metrics"},
+        "core": {"perf", "run.fit", "gan", "style", "callbacks", "data", "metrics"},
         "data": {"metrics"},
         "metrics": set(MODEL_PARTS),
         "errors": {part for layer in LAYERS for part in layer} - {"errors"},
         # the schemas' choice fields and the part schemas import no training code
-        "choices": {part for layer in LAYERS for part in layer} - {"choices"},
-        "hardware_config": {part for layer in LAYERS for part in layer} - {"choices", "core"},
+        "config.choices": {part for layer in LAYERS for part in layer} - {"config.choices"},
+        "hardware.schema": {part for layer in LAYERS for part in layer} - {"config.choices", "core"},
         # the root schema composes the parts' schemas; it reaches no model, loop or entry code
-        "config": {"train", "evaluate", "entry", "cli", "builders", "callbacks"},
+        "config.schema": {"run.fit", "run.evaluate", "run.entry", "cli", "run.build", "callbacks"},
     }
     broken = [
         f"{a} -> {b}: {', '.join(places)}"

@@ -26,7 +26,7 @@ from pixelsmith.augment import ada as ada_module
 from pixelsmith.augment.ada import OPS, AugmentDraws, apply_colour, geometric_inverse
 from pixelsmith.augment.config import AdaptiveAugmentConfig
 from pixelsmith.augment.warp import SYMLET6, warp_inverse_bilinear, warp_inverse_lowpass
-from pixelsmith.choices import typed
+from pixelsmith.config.choices import typed
 from tests.conftest import torch_threads
 
 

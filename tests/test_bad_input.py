@@ -25,7 +25,7 @@ import torch
 from PIL import Image
 
 from pixelsmith.errors import PixelsmithError
-from pixelsmith.run_dir import RUN_MARKER
+from pixelsmith.run.run_dir import RUN_MARKER
 from tests.conftest import FAST, SMALL, compose_config
 from tests.test_config_ranges import BAD_VALUES
 
@@ -288,12 +288,12 @@ def _refusal(case: Case, tmp: Path, capsys) -> str:
     names_a_job = any(a.startswith(("model=", "experiment=")) for a in args)
     base = [*FAST] if names_a_job else [*FAST, *SMALL["dcgan"]]
     if case.entry == "evaluate":
-        from pixelsmith.evaluate import evaluate
+        from pixelsmith.run.evaluate import evaluate
 
         cfg = compose_config(["~local", "hardware=cpu", *args], run_dir, "evaluate")
         job = evaluate
     else:
-        from pixelsmith.train import run
+        from pixelsmith.run.fit import run
 
         cfg = compose_config([*base, "max_steps=2", *args], run_dir)
         job = run
@@ -336,7 +336,7 @@ def test_every_bad_input_is_refused_cleanly_at_every_entry_point(tmp_path, capsy
 def test_a_refused_run_leaves_its_run_dir_to_the_corrected_command(make_cfg, tmp_path, caplog):
     """A data refusal at start-up, then the corrected command with the same run dir: it runs, without
     train.overwrite, and the images left out are counted in one warning."""
-    from pixelsmith.train import run
+    from pixelsmith.run.fit import run
 
     folder = _folder_with_a_speck(tmp_path)
     data = ["data=image_folder", f"data.root={folder}", "data.resolution=32", "train.sample_every_n_steps=0"]
@@ -353,7 +353,7 @@ def test_a_refusal_inside_lightnings_set_up_gives_the_run_dir_back(make_cfg, tmp
     """Refused after config_resolved.yaml was written (a check that runs in Lightning's set-up): the marker goes,
     so the corrected command is not told the dir holds another run."""
     from pixelsmith.data.mnist import MNISTDataModule
-    from pixelsmith.train import run
+    from pixelsmith.run.fit import run
 
     original = MNISTDataModule.setup
 
@@ -372,7 +372,7 @@ def test_train_py_refuses_a_run_dir_it_cannot_create_in_one_paragraph(tmp_path, 
     """The Hydra callback that claims the run dir before Hydra writes into it: an OSError there was a traceback."""
     from omegaconf import OmegaConf
 
-    from pixelsmith.run_dir import ClaimRunDirFirst
+    from pixelsmith.run.run_dir import ClaimRunDirFirst
 
     config = OmegaConf.create(
         {"hydra": {"run": {"dir": str(_a_file(tmp_path) / "run")}}, "train": {"auto_resume": True}}

@@ -1,5 +1,5 @@
 """Two checkouts, one environment: the code, configs and data a run or a test uses are those of the checkout it runs
-from, never silently another's (pixelsmith.paths). The environment's pixelsmith is this checkout's (its editable
+from, never silently another's (pixelsmith.config.paths). The environment's pixelsmith is this checkout's (its editable
 install, or src/ on the path); a second checkout is made in tmp_path by copying what a run needs, with a marker in its
 config (max_steps) and its code, and each way of running it must use its own tree."""
 
@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from pixelsmith.paths import CONF_DIR, REPO_ROOT, describe_trees
+from pixelsmith.config.paths import CONF_DIR, REPO_ROOT, describe_trees
 from tests.conftest import CHECKOUT, run_cli
 
 JUNK = shutil.ignore_patterns("__pycache__", "*.pyc", "*.egg-info", "build", "outputs")
@@ -45,7 +45,7 @@ def test_the_package_imported_from_a_checkout_uses_that_checkouts_configs_and_da
     """The other checkout's src/ first on the path, this checkout's pixelsmith installed: its configs and data are
     the other checkout's (an editable install maps `pixelsmith.conf` to its own clone's conf/)."""
     probe = (
-        "import json, pixelsmith, pixelsmith.paths as p; print(json.dumps({'package': pixelsmith.__file__, "
+        "import json, pixelsmith, pixelsmith.config.paths as p; print(json.dumps({'package': pixelsmith.__file__, "
         "'conf': str(p.CONF_DIR), 'data': str(p.DATA_DIR), 'root': str(p.REPO_ROOT)}))"
     )
     result = run_cli(
@@ -61,7 +61,7 @@ def test_the_package_imported_from_a_checkout_uses_that_checkouts_configs_and_da
 @pytest.mark.slow  # two subprocesses that import torch
 def test_train_py_and_the_tests_of_a_checkout_run_its_own_code_and_configs(other_checkout):
     # `python train.py` in the other checkout: its conf/ (Hydra's config_path), and its code (its data dir below,
-    # which the code's pixelsmith.paths resolves), though the environment's pixelsmith is this checkout's.
+    # which the code's pixelsmith.config.paths resolves), though the environment's pixelsmith is this checkout's.
     for package, expected in (
         ("max_steps", str(MARKER_STEPS)),
         ("paths.data_dir", str(other_checkout / "data")),
@@ -79,7 +79,7 @@ def test_train_py_and_the_tests_of_a_checkout_run_its_own_code_and_configs(other
     (other_checkout / "tests" / "test_which_tree.py").write_text(
         "from pathlib import Path\n\n"
         "import pixelsmith\n"
-        "from pixelsmith.paths import CONF_DIR\n"
+        "from pixelsmith.config.paths import CONF_DIR\n"
         "from tests.conftest import compose_config\n\n\n"
         "def test_this_checkouts_tree(tmp_path):\n"
         "    assert pixelsmith.WHICH_CHECKOUT == 'the second one'\n"

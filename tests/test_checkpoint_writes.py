@@ -11,8 +11,8 @@ import lightning as L
 import pytest
 import torch
 
-from pixelsmith.entry import guarded_run
-from pixelsmith.train import run
+from pixelsmith.run.entry import guarded_run
+from pixelsmith.run.fit import run
 
 
 def test_periodic_checkpoints_are_links_to_last_and_stale_partials_are_removed(make_cfg, tmp_path):

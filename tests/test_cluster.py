@@ -18,11 +18,11 @@ import pytest
 import torch
 from lightning.pytorch.callbacks import Callback
 
-from pixelsmith import launch
+from pixelsmith.config.paths import REPO_ROOT
 from pixelsmith.core.preemption import RunPreempted
-from pixelsmith.paths import REPO_ROOT
-from pixelsmith.run_dir import RunDirError, _lock
-from pixelsmith.train import run
+from pixelsmith.run import launch
+from pixelsmith.run.fit import run
+from pixelsmith.run.run_dir import RunDirError, _lock
 from tests.conftest import FAST, SMALL, free_port, last_checkpoint, metrics_rows, run_cli, series
 
 SHORT = ["precision=32-true", "train.sample_every_n_steps=0", "train.checkpoint_every_n_steps=0"]
@@ -43,7 +43,7 @@ class SignalAt(Callback):
 def test_a_preemption_signal_ends_the_iteration_with_last_ckpt_and_the_rerun_resumes_bit_for_bit(
     make_cfg, tmp_path, monkeypatch, signum
 ):
-    import pixelsmith.train as train_module
+    import pixelsmith.run.trainer as train_module
 
     common = [
         *SHORT,
@@ -188,7 +188,7 @@ def test_a_refused_command_line_run_writes_nothing_into_the_dir(tmp_path):
 
 
 def test_the_launcher_decides_nodes_and_processes(monkeypatch, make_cfg):
-    from pixelsmith.builders import build_plan
+    from pixelsmith.run.build import build_plan
 
     for key in list(os.environ):
         if key.startswith(("SLURM_", "TORCHELASTIC_")) or key in ("RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE"):

@@ -20,7 +20,7 @@ import torch._dynamo
 from omegaconf import OmegaConf
 
 from pixelsmith.core.module import eager
-from pixelsmith.train import run
+from pixelsmith.run.fit import run
 from tests.compile_counts import compile_counts
 from tests.conftest import metrics_rows
 

@@ -11,9 +11,9 @@ import pytest
 from hydra.errors import ConfigCompositionException
 from omegaconf.errors import ValidationError
 
-from pixelsmith.builders import build_plan
-from pixelsmith.hardware import HardwareError, resolve_plan
-from pixelsmith.paths import CONF_DIR
+from pixelsmith.config.paths import CONF_DIR
+from pixelsmith.hardware.plan import HardwareError, resolve_plan
+from pixelsmith.run.build import build_plan
 from tests.conftest import compose_config, cpu_flags, run_cli
 
 GROUPS = [
@@ -142,7 +142,7 @@ def test_cpu_precision_auto_takes_bf16_where_it_was_measured_faster(
     with (
         mock.patch("torch.cpu._is_avx512_bf16_supported", return_value=avx512_bf16),
         mock.patch("torch.cpu._is_amx_tile_supported", return_value=amx),
-        mock.patch("pixelsmith.hardware.cpu_vendor", return_value=vendor),
+        mock.patch("pixelsmith.hardware.plan.cpu_vendor", return_value=vendor),
     ):
         assert build_plan(cfg).precision == auto
         caplog.clear()
@@ -209,7 +209,7 @@ def test_v100_with_a_cuda13_torch_is_refused_with_the_build_to_install(tmp_path)
     ],
 )
 def test_torch_build_architecture_rules(capability, arch_list, supported):
-    from pixelsmith.hardware import torch_build_supports
+    from pixelsmith.hardware.plan import torch_build_supports
 
     assert torch_build_supports(capability, arch_list) is supported
 
@@ -249,7 +249,7 @@ def test_explicit_precision_wins_over_profile_default(tmp_path):
 
 
 def test_fsdp_on_cpu_runs_over_gloo_and_says_it_is_for_testing(tmp_path, caplog):
-    with caplog.at_level("INFO", logger="pixelsmith.hardware"):
+    with caplog.at_level("INFO", logger="pixelsmith.hardware.plan"):
         plan = build_plan(compose_config(["hardware=cpu", "strategy=fsdp", "hardware.devices=2"], tmp_path))
     assert (plan.strategy, plan.process_group_backend, plan.devices) == ("fsdp", "gloo", 2)
     assert "FSDP saves memory only on GPUs" in caplog.text and "strategy=ddp" in caplog.text
@@ -302,7 +302,7 @@ def test_augment_options_are_typed(tmp_path, override):
     assert key in f"{err.value} {err.value.__cause__}"
 
 
-# --- No holes in the schemas (the `*/config.py` schemas, pixelsmith/choices.py) ------------------------------------------------
+# --- No holes in the schemas (the `*/config.py` schemas, pixelsmith/config/choices.py) ------------------------------------------------
 
 HOLES = [
     # (overrides, the key the message must name, what else it must say: the allowed values or the schema)
@@ -426,11 +426,11 @@ def _all_schemas():
     import importlib
     import types
 
-    from pixelsmith import hardware_config
     from pixelsmith.augment import config as augment_config
     from pixelsmith.config import schema as root
     from pixelsmith.core import config as core_config
     from pixelsmith.data import config as data_config
+    from pixelsmith.hardware import schema as hardware_config
     from pixelsmith.metrics import config as metrics_config
     from pixelsmith.parts import part_names
     from pixelsmith.perf import config as perf_config
@@ -534,8 +534,8 @@ def test_a_profile_of_your_own_is_detected_by_its_expected_gpu(tmp_path):
     "H100 NVL" profile beats h100 on that GPU)."""
     import shutil
 
-    from pixelsmith.hardware import cuda_profile_for
-    from pixelsmith.paths import CONF_DIR
+    from pixelsmith.config.paths import CONF_DIR
+    from pixelsmith.hardware.plan import cuda_profile_for
 
     shutil.copytree(CONF_DIR / "hardware", tmp_path / "hardware")
     (tmp_path / "hardware" / "h100nvl.yaml").write_text("name: h100nvl\nexpected_gpu: H100 NVL\n")

@@ -354,7 +354,7 @@ def test_the_ema_ramp_up_reads_the_images_seen_before_the_iteration_as_nvlabs(ma
     (batch / max(ema_nimg, 1e-8)), with cur_nimg advanced after the update. Batch 16, ramp-up 0.05: iteration 0
     copies G (beta 0), iteration 1 has 16 images behind it (beta 0.5 ** (16 / 0.8) = 0.5 ** 20), iteration 2 32
     (0.5 ** 10); counting the iteration's own images would give 0.5 ** 20, 0.5 ** 10, 0.5 ** (20 / 3)."""
-    from pixelsmith.train import run
+    from pixelsmith.run.fit import run
     from tests.conftest import metrics_rows, series
 
     cfg = make_cfg(

@@ -14,7 +14,7 @@ from PIL import Image
 
 from pixelsmith.data.image_folder import DataFolderError, ImageFolderDataset, list_images
 from pixelsmith.data.mnist import load_mnist
-from pixelsmith.train import run
+from pixelsmith.run.fit import run
 from tests.conftest import metrics_rows, series
 
 
@@ -228,7 +228,7 @@ def test_training_with_data_on_the_device_equals_the_dataloader_run(make_cfg, tm
         def on_train_start(self, trainer, pl_module):
             seen.append(type(trainer.train_dataloader).__name__)
 
-    import pixelsmith.train as train_module
+    import pixelsmith.run.fit as train_module
 
     original = train_module.build_trainer
 
@@ -288,7 +288,7 @@ def test_a_killed_loader_worker_ends_the_run_with_one_paragraph_naming_it(
     import signal
 
     from pixelsmith.data import image_folder
-    from pixelsmith.entry import guarded_run
+    from pixelsmith.run.entry import guarded_run
 
     folder = tmp_path / "images"
     _write_images(folder, 12)
@@ -359,7 +359,7 @@ def test_mirror_doubles_mnist_on_the_device_and_through_the_loader(on_device):
 
 
 def test_data_mirror_reaches_the_datamodule_from_the_config(make_cfg):
-    from pixelsmith.builders import build_datamodule, build_plan
+    from pixelsmith.run.build import build_datamodule, build_plan
 
     cfg = make_cfg("data.mirror=true", "data.limit=8")
     module = build_datamodule(cfg, build_plan(cfg))

@@ -20,7 +20,7 @@ from torch.utils.data import DataLoader
 
 from pixelsmith.data.archive import ArchiveDataset, ArchiveError, ArchiveSource, ZipDataModule
 from pixelsmith.data.prepare import PrepareError, PrepareOptions, main, prepare
-from pixelsmith.train import run
+from pixelsmith.run.fit import run
 from tests.conftest import FAST, compose_config, last_checkpoint, run_cli
 
 

@@ -24,7 +24,7 @@ from pixelsmith.data.decode import (
 )
 from pixelsmith.data.image_folder import decode_square
 from pixelsmith.data.prepare import PrepareOptions, prepare
-from pixelsmith.train import run
+from pixelsmith.run.fit import run
 from tests.conftest import FAST, compose_config
 
 

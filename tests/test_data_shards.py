@@ -21,7 +21,7 @@ pytest.importorskip("litdata")
 
 from pixelsmith.data.prepare import PrepareOptions, prepare  # noqa: E402
 from pixelsmith.data.shards import ShardsDataModule, ShardsError  # noqa: E402
-from pixelsmith.train import run  # noqa: E402
+from pixelsmith.run.fit import run  # noqa: E402
 from tests.conftest import FAST, compose_config, last_checkpoint  # noqa: E402
 
 
@@ -182,7 +182,7 @@ def test_a_run_that_gets_no_batch_is_an_error_never_stop_reason_max_steps(tmp_pa
     """Past the set-up check (switched off here), a loader that yields nothing ends fit at once: the run says so and
     final_metrics.json records stop_reason data_exhausted."""
     from pixelsmith.data.base import ImageDataModule
-    from pixelsmith.train import DataExhaustedError
+    from pixelsmith.run.fit import DataExhaustedError
 
     monkeypatch.setattr(ImageDataModule, "check_fits_one_batch", lambda self, *args, **kwargs: None)
     with pytest.raises(DataExhaustedError, match=r"iteration 0 of max_steps=3, having trained 0 iterations"):

@@ -13,7 +13,7 @@ import pytest
 import torch
 from torch import nn
 
-from pixelsmith.builders import build_core_settings, build_model, build_plan
+from pixelsmith.run.build import build_core_settings, build_model, build_plan
 from tests.conftest import compose_config
 
 PAPER = {

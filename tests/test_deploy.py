@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from pixelsmith.paths import REPO_ROOT
+from pixelsmith.config.paths import REPO_ROOT
 
 K8S = REPO_ROOT / "deploy" / "kubernetes"
 KUBERNETES_VERSION = "1.31.0"  # the oldest we promise: podFailurePolicy and Indexed Jobs are GA there

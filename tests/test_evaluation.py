@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from pixelsmith.train import run
+from pixelsmith.run.fit import run
 from tests.conftest import eval_overrides, run_cli
 
 EVAL = eval_overrides(every_n_steps=4, metrics="fid,kid,pr")

@@ -91,9 +91,9 @@ for name in modules:
     importlib.import_module(name)
 from hydra import compose, initialize_config_dir
 from pixelsmith.config.schema import register_configs
-from pixelsmith.hardware import register_detected_profile
+from pixelsmith.hardware.plan import register_detected_profile
 from pixelsmith.parts import part_names
-from pixelsmith.paths import CONF_DIR
+from pixelsmith.config.paths import CONF_DIR
 register_configs()
 register_detected_profile()
 experiments = sorted(path.stem for path in (CONF_DIR / "experiment").glob("*.yaml"))

@@ -87,8 +87,8 @@ def test_fsdp_matches_ddp_writes_plain_checkpoints_and_resumes_exactly(tmp_path)
     for opt in fsdp["optimizer_states"]:
         assert len(opt["state"]) > 0 and sorted(opt["state"]) == list(range(len(opt["state"])))
         assert all(type(t) is torch.Tensor for s in opt["state"].values() for t in s.values())
-    from pixelsmith.builders import build_model
     from pixelsmith.core.module import CoreSettings
+    from pixelsmith.run.build import build_model
 
     model = build_model(compose_config(CPU_DCGAN, tmp_path / "load"), CoreSettings())
     model.load_state_dict(fsdp["state_dict"], strict=True)
@@ -175,7 +175,7 @@ def test_plain_optimizer_state_of_another_model_is_refused():
 def test_fsdp_shards_every_gan_network_including_stylegan2(make_cfg, tmp_path, monkeypatch):
     """FSDP2 refuses 0-d parameters (StyleGAN2's noise strengths were scalars); one process shards all the same.
     Both regularisers run every iteration: R1 through D and path length through G (its forward gathers G)."""
-    from pixelsmith.train import run
+    from pixelsmith.run.fit import run
 
     cfg = make_cfg(
         "strategy=fsdp",

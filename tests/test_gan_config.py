@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from pixelsmith.paths import CONF_DIR
+from pixelsmith.config.paths import CONF_DIR
 from tests.conftest import compose_config
 from tests.test_config import (
     assert_composition_names,

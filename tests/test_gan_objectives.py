@@ -16,7 +16,6 @@ from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 from benchmarks.plain_loop import build_plain_gan
-from pixelsmith.builders import build_model, build_plan
 from pixelsmith.core.module import CoreSettings, _mix_seed
 from pixelsmith.core.optim import build_optimizer
 from pixelsmith.errors import PixelsmithError
@@ -30,7 +29,8 @@ from pixelsmith.gan.objectives import (
     R1Penalty,
     Regularizer,
 )
-from pixelsmith.train import run
+from pixelsmith.run.build import build_model, build_plan
+from pixelsmith.run.fit import run
 from tests.conftest import FAST, SMALL, bare_trainer, compose_config, metrics_rows, series
 
 R1 = "model.objective.regularizers.r1"
@@ -567,7 +567,7 @@ def test_a_checkpoint_without_the_objectives_state_resumes(make_cfg, tmp_path):
 
 
 def test_renamed_command_line_keys_are_refused_naming_their_new_spelling(capsys):
-    from pixelsmith.entry import refuse_renamed_overrides
+    from pixelsmith.run.entry import refuse_renamed_overrides
 
     refuse_renamed_overrides(
         ["model=stylegan2", "model.objective.regularizers.r1.gamma=1"]

@@ -14,7 +14,6 @@ import pytest
 import torch
 from torch import nn
 
-from pixelsmith.builders import build_core_settings, build_model, build_plan
 from pixelsmith.errors import PixelsmithError
 from pixelsmith.gan.networks.r3gan import (
     ACTIVATION_GAIN,
@@ -23,7 +22,8 @@ from pixelsmith.gan.networks.r3gan import (
     ResidualBlock,
 )
 from pixelsmith.gan.objectives import GANBatch, R1Penalty, R3GANObjective
-from pixelsmith.train import run
+from pixelsmith.run.build import build_core_settings, build_model, build_plan
+from pixelsmith.run.fit import run
 
 
 class _SquareD(nn.Module):

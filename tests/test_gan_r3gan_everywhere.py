@@ -11,7 +11,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from pixelsmith.train import run
+from pixelsmith.run.fit import run
 from tests.conftest import last_checkpoint, metrics_rows, run_cli
 
 pytest.importorskip("pixelsmith.gan")

@@ -14,7 +14,7 @@ import torch
 
 from pixelsmith.errors import PixelsmithError
 from pixelsmith.gan.objectives import GANBatch, GANObjective, PhaseLoss, WGANGPObjective
-from pixelsmith.train import run
+from pixelsmith.run.fit import run
 from tests.conftest import CONF_DIR, compose_config, last_checkpoint
 from tests.test_gan_r3gan import _Step  # G a constant image b, D(x) = sum of x^2 after scaling by `aug`
 

@@ -25,7 +25,7 @@ import torch
 import torch._dynamo
 from omegaconf import OmegaConf
 
-from pixelsmith.train import run
+from pixelsmith.run.fit import run
 from tests.compile_counts import compile_counts
 from tests.conftest import SMALL, compose_config, run_cli
 

@@ -16,9 +16,9 @@ import torch._dynamo
 # this file rather than failing to import it.
 pytest.importorskip("pixelsmith.gan", reason="the GAN part is removed from this fork")
 
-from pixelsmith.entry import guarded_run  # noqa: E402
 from pixelsmith.gan.module import GANModule  # noqa: E402
-from pixelsmith.train import run  # noqa: E402
+from pixelsmith.run.entry import guarded_run  # noqa: E402
+from pixelsmith.run.fit import run  # noqa: E402
 
 
 def _fail_at_iteration(monkeypatch, iteration: int, error: BaseException) -> None:

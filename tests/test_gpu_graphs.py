@@ -12,7 +12,7 @@ import re
 import pytest
 import torch
 
-from pixelsmith.train import run
+from pixelsmith.run.fit import run
 from tests.conftest import SMALL, compose_config
 
 pytestmark = [

@@ -20,8 +20,8 @@ from benchmarks.plain_loop import (  # noqa: E402
     endless,
     plain_loader,
 )
-from pixelsmith.builders import build_plan  # noqa: E402
 from pixelsmith.errors import PixelsmithError  # noqa: E402
+from pixelsmith.run.build import build_plan  # noqa: E402
 from tests.conftest import FAST, SMALL, compose_config  # noqa: E402
 
 pytestmark = pytest.mark.bench

@@ -11,13 +11,13 @@ import torch
 import yaml
 from omegaconf import OmegaConf, open_dict
 
-import pixelsmith.builders
-import pixelsmith.hardware
-import pixelsmith.train
-from pixelsmith.builders import build_plan
-from pixelsmith.hardware import HardwareError, check_detected_here, register_detected_profile
-from pixelsmith.paths import CONF_DIR
-from pixelsmith.train import run
+import pixelsmith.hardware.plan
+import pixelsmith.run.build
+import pixelsmith.run.fit
+from pixelsmith.config.paths import CONF_DIR
+from pixelsmith.hardware.plan import HardwareError, check_detected_here, register_detected_profile
+from pixelsmith.run.build import build_plan
+from pixelsmith.run.fit import run
 from tests.conftest import FAST, SMALL, compose_config, run_cli
 
 MYBOX = """\
@@ -133,12 +133,12 @@ def test_one_run_builds_the_plan_once_and_applies_it_once(make_cfg, monkeypatch)
 
         return wrapper
 
-    resolve = counting("resolve_plan", pixelsmith.hardware.resolve_plan)
-    monkeypatch.setattr(pixelsmith.hardware, "resolve_plan", resolve)
-    monkeypatch.setattr(pixelsmith.builders, "resolve_plan", resolve)
-    apply = counting("apply_plan", pixelsmith.hardware.apply_plan)
-    monkeypatch.setattr(pixelsmith.hardware, "apply_plan", apply)
-    monkeypatch.setattr(pixelsmith.train, "apply_plan", apply)
+    resolve = counting("resolve_plan", pixelsmith.hardware.plan.resolve_plan)
+    monkeypatch.setattr(pixelsmith.hardware.plan, "resolve_plan", resolve)
+    monkeypatch.setattr(pixelsmith.run.build, "resolve_plan", resolve)
+    apply = counting("apply_plan", pixelsmith.hardware.plan.apply_plan)
+    monkeypatch.setattr(pixelsmith.hardware.plan, "apply_plan", apply)
+    monkeypatch.setattr(pixelsmith.run.fit, "apply_plan", apply)
     matmul = torch.get_float32_matmul_precision()
     monkeypatch.setattr(
         torch,
@@ -173,8 +173,8 @@ def test_a_multirun_job_composed_on_another_machine_is_stopped(monkeypatch):
 
     try:
         cfg = job_config("auto")  # composed here: cpu
-        monkeypatch.setattr(pixelsmith.hardware, "_detected_here", None)  # ... as if by another process
-        monkeypatch.setattr(pixelsmith.hardware, "detect_profile", lambda: "h100")  # on a GPU node
+        monkeypatch.setattr(pixelsmith.hardware.plan, "_detected_here", None)  # ... as if by another process
+        monkeypatch.setattr(pixelsmith.hardware.plan, "detect_profile", lambda: "h100")  # on a GPU node
         with pytest.raises(HardwareError, match="hardware=h100"):
             check_detected_here(cfg.hardware.name)
         check_detected_here("h100")  # composed on a machine like this one: nothing to say

@@ -19,7 +19,7 @@ from omegaconf import open_dict
 
 from pixelsmith.augment import ada
 from pixelsmith.callbacks.host_sync import HostSyncCheck, HostSyncError, SyncCounter
-from pixelsmith.train import run
+from pixelsmith.run.fit import run
 
 ALL_ON = [
     "hardware.optimizer_impl=fused",

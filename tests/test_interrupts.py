@@ -19,13 +19,14 @@ import pytest
 import torch
 from lightning.pytorch.callbacks import Callback
 
-import pixelsmith.train as train_module
+import pixelsmith.run.fit as train_module
+import pixelsmith.run.trainer as trainer_module
+from pixelsmith.config.paths import REPO_ROOT
 from pixelsmith.core.preemption import RunPreempted, StoppedAtOnce
-from pixelsmith.entry import stopped_at_once_message
 from pixelsmith.errors import PixelsmithError
-from pixelsmith.paths import REPO_ROOT
-from pixelsmith.resume import AlreadyFinished, CheckpointMismatchError
-from pixelsmith.train import run
+from pixelsmith.run.entry import stopped_at_once_message
+from pixelsmith.run.fit import run
+from pixelsmith.run.resume import AlreadyFinished, CheckpointMismatchError
 from tests.conftest import FAST, SMALL, run_cli
 from tests.test_cluster import _ddp_training_until_its_first_checkpoint
 
@@ -55,9 +56,9 @@ def sigint_outside_runs():
 
 def _add_callbacks(monkeypatch, *callbacks: Callback) -> None:
     """The run's Trainer gets these callbacks after its own (checkpoint first), as a user's would be."""
-    original = train_module._instantiate_group
+    original = trainer_module._instantiate_group
     monkeypatch.setattr(
-        train_module,
+        trainer_module,
         "_instantiate_group",
         lambda node: original(node) + (list(callbacks) if node is not None and "checkpoint" in node else []),
     )

@@ -33,7 +33,7 @@ from pixelsmith.gan.networks.stylegan2 import (
     StyleGAN2Generator,
     SynthesisLayer,
 )
-from pixelsmith.resume import (
+from pixelsmith.run.resume import (
     CheckpointMismatchError,
     check_same_function,
     config_differences,

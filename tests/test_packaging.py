@@ -18,7 +18,7 @@ from omegaconf import OmegaConf
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
-from pixelsmith.paths import CONF_DIR, DATA_DIR, REPO_ROOT
+from pixelsmith.config.paths import CONF_DIR, DATA_DIR, REPO_ROOT
 from tests.conftest import SMALL, run_cli
 
 REPO = Path(__file__).resolve().parents[1]
@@ -123,7 +123,7 @@ from omegaconf import OmegaConf
 from hydra.core.plugins import Plugins
 from hydra.plugins.sweeper import Sweeper
 from pixelsmith.config.schema import register_configs
-from pixelsmith.paths import CONF_DIR, DATA_DIR, REPO_ROOT
+from pixelsmith.config.paths import CONF_DIR, DATA_DIR, REPO_ROOT
 register_configs()
 sweepers = [f"{c.__module__}.{c.__name__}" for c in Plugins.instance().discover(Sweeper)]
 import hydra_plugins.pixelsmith_optuna_sweeper.optuna_sweeper as sweeper_module

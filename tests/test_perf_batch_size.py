@@ -7,11 +7,11 @@ import json
 
 import pytest
 
-from pixelsmith.builders import build_plan
 from pixelsmith.errors import PixelsmithError
 from pixelsmith.perf import batch_size as auto
 from pixelsmith.perf import memory
 from pixelsmith.perf.batch_size import Trial, choose_batch_size, search_batch_size
+from pixelsmith.run.build import build_plan
 
 
 def _linear_memory(base: float, per_image: float, budget: float):

@@ -14,7 +14,7 @@ from PIL import Image
 from benchmarks.harness import CLOCK_TARGET, IterationClock
 from pixelsmith.perf.breakdown import PHASE_TOLERANCE
 from pixelsmith.perf.timer import DATA_WAIT, OTHER_IN_STEP, OTHER_LOOP, StepTimer, measure_overhead
-from pixelsmith.train import run
+from pixelsmith.run.fit import run
 from tests.conftest import FAST, SMALL, compose_config, metrics_rows
 
 GAN_PHASES = ["data_wait", "h2d", "augment", "G_fwd", "D_fwd", "D_bwd", "D_reg", "G_bwd", "opt_step", "ema"]

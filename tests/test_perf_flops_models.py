@@ -13,9 +13,9 @@ pytest.importorskip("pixelsmith.gan", reason="the GAN part is removed from this 
 
 from benchmarks.gan_flops import GANIterationFlops, count_gan_iteration_flops  # noqa: E402
 from benchmarks.plain_loop import build_plain_gan, endless, plain_loader  # noqa: E402
-from pixelsmith.builders import build_plan  # noqa: E402
 from pixelsmith.perf.flops import count_flops  # noqa: E402
 from pixelsmith.perf.throughput import ThroughputMonitor  # noqa: E402
+from pixelsmith.run.build import build_plan  # noqa: E402
 from tests.breakdown_checks import BATCH, assert_breakdown_run_reports_flops_and_mfu  # noqa: E402
 from tests.conftest import FAST, SMALL, compose_config  # noqa: E402
 

@@ -1,7 +1,7 @@
 """Each performance switch changes what it claims: weight memory format, compiled networks, matmul precision and the
 CUDA backend flags, the Adam implementation (and fused Adam under a real fp16 GradScaler with clipping), the CUDA
 memory fraction and allocator settings, the data-loader settings, and gradient checkpointing's saved activations.
-The switches are fields of the one RuntimePlan (`pixelsmith.hardware.resolve_plan`), set by `apply_plan` once per
+The switches are fields of the one RuntimePlan (`pixelsmith.hardware.plan.resolve_plan`), set by `apply_plan` once per
 run."""
 
 from __future__ import annotations
@@ -18,12 +18,12 @@ from torch import nn
 # this file rather than failing to import it.
 pytest.importorskip("pixelsmith.gan", reason="the GAN part is removed from this fork")
 
-from pixelsmith.builders import build_core_settings, build_datamodule, build_model, build_plan  # noqa: E402
 from pixelsmith.core.optim import adam_implementation  # noqa: E402
 from pixelsmith.errors import PixelsmithError  # noqa: E402
 from pixelsmith.gan.networks.stylegan2 import StyleGAN2Discriminator  # noqa: E402
-from pixelsmith.hardware import apply_plan  # noqa: E402
-from pixelsmith.train import run  # noqa: E402
+from pixelsmith.hardware.plan import apply_plan  # noqa: E402
+from pixelsmith.run.build import build_core_settings, build_datamodule, build_model, build_plan  # noqa: E402
+from pixelsmith.run.fit import run  # noqa: E402
 
 
 def _model(cfg):
@@ -121,7 +121,7 @@ def test_optimizer_impl_switch_builds_that_adam(make_cfg, impl, fused, foreach):
 def test_cpu_profile_defaults_to_fused_adam_and_the_user_key_wins(make_cfg):
     assert build_plan(make_cfg()).optimizer_impl == "fused"
     assert build_plan(make_cfg("hardware.optimizer_impl=foreach")).optimizer_impl == "foreach"
-    # an unknown value is refused by the schema at composition (pixelsmith/choices.py), before the plan resolves
+    # an unknown value is refused by the schema at composition (pixelsmith/config/choices.py), before the plan resolves
     with pytest.raises((PixelsmithError, ConfigCompositionException), match="optimizer_impl"):
         build_plan(make_cfg("hardware.optimizer_impl=turbo"))
     with pytest.raises(PixelsmithError, match="fused"):

@@ -15,11 +15,11 @@ import torch
 pytest.importorskip("pixelsmith.gan", reason="the GAN part is removed from this fork")
 
 from benchmarks.plain_loop import build_plain_gan, endless, plain_loader  # noqa: E402
-from pixelsmith.builders import build_plan  # noqa: E402
 from pixelsmith.gan.networks.dcgan import DCGANDiscriminator  # noqa: E402
 from pixelsmith.perf import flops as flops_mod  # noqa: E402
 from pixelsmith.perf.flops import count_flops, cpu_peak_flops, gpu_peak_flops, peak_precision_key  # noqa: E402
-from pixelsmith.train import run  # noqa: E402
+from pixelsmith.run.build import build_plan  # noqa: E402
+from pixelsmith.run.fit import run  # noqa: E402
 from tests.conftest import cpu_flags, torch_threads  # noqa: E402
 
 

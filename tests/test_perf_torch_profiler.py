@@ -6,7 +6,7 @@ from __future__ import annotations
 import csv
 import json
 
-from pixelsmith.train import run
+from pixelsmith.run.fit import run
 
 
 def test_torch_profiler_window_writes_trace_and_kernel_table(make_cfg, tmp_path):

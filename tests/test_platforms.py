@@ -14,12 +14,12 @@ import pytest
 import torch
 from torch import nn
 
-from pixelsmith.builders import build_plan
 from pixelsmith.core import ema as ema_module
 from pixelsmith.core import preemption
 from pixelsmith.core.ema import EMA
 from pixelsmith.errors import PixelsmithError
-from pixelsmith.hardware import HardwareError
+from pixelsmith.hardware.plan import HardwareError
+from pixelsmith.run.build import build_plan
 from tests.conftest import CHECKOUT, FAST, SMALL, compose_config, run_cli
 
 # Made unimportable in the child below: modules Windows does not have.

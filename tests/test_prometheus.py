@@ -14,8 +14,8 @@ import pytest
 from lightning.pytorch.callbacks import Callback
 
 from pixelsmith.callbacks.prometheus import PrometheusExporter
-from pixelsmith.paths import REPO_ROOT
-from pixelsmith.train import run
+from pixelsmith.config.paths import REPO_ROOT
+from pixelsmith.run.fit import run
 
 prometheus_client = pytest.importorskip("prometheus_client")
 from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
@@ -73,7 +73,7 @@ def _gpu_gauges(samples: dict[tuple[str, tuple], float]) -> dict[tuple[str, str]
 
 
 def test_a_cpu_run_serves_its_metrics_and_the_gpu_gauges_this_host_has(make_cfg, monkeypatch):
-    import pixelsmith.train as train_module
+    import pixelsmith.run.trainer as train_module
 
     scraper = Scraper(at={2, 4})
     original = train_module._instantiate_group

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from pixelsmith.train import run
+from pixelsmith.run.fit import run
 from tests.conftest import eval_overrides
 
 EVAL = eval_overrides()

@@ -14,7 +14,7 @@ import torch
 
 from pixelsmith.core.schedules import ScalarSchedule
 from pixelsmith.errors import PixelsmithError
-from pixelsmith.train import run
+from pixelsmith.run.fit import run
 from tests.conftest import last_checkpoint
 
 

@@ -23,8 +23,8 @@ import torch
 
 from pixelsmith.core.module import BLOCK_RECOMPILE_LIMIT, TrainingCore, compile_units
 from pixelsmith.core.startup import StartupReport, plan_label
-from pixelsmith.hardware import compile_cache_dir, use_compile_cache
-from pixelsmith.train import run
+from pixelsmith.hardware.plan import compile_cache_dir, use_compile_cache
+from pixelsmith.run.fit import run
 
 REGULARISED = {
     "stylegan2": [
@@ -116,7 +116,7 @@ def test_real_and_generated_images_reach_d_with_identical_strides():
 
 
 def test_the_ema_copy_is_not_compiled(make_cfg, tmp_path, dynamo_eager_backend):
-    from pixelsmith.builders import build_core_settings, build_model, build_plan
+    from pixelsmith.run.build import build_core_settings, build_model, build_plan
 
     cfg = make_cfg("hardware.compile=true", "max_steps=1", model="stylegan2")
     model = build_model(cfg, build_core_settings(cfg, build_plan(cfg)))

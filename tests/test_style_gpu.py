@@ -12,7 +12,7 @@ import pytest
 import torch
 from PIL import Image
 
-from pixelsmith.paths import DATA_DIR
+from pixelsmith.config.paths import DATA_DIR
 from pixelsmith.style.stylize import main as stylize
 from tests.test_gpu import (
     ON_CPU,
@@ -182,8 +182,8 @@ def test_8k_stylize_halves_an_auto_tile_that_runs_out_of_memory_under_the_memory
     import numpy as np
     from PIL import Image
 
-    from pixelsmith.builders import build_plan
-    from pixelsmith.hardware import apply_plan
+    from pixelsmith.hardware.plan import apply_plan
+    from pixelsmith.run.build import build_plan
     from pixelsmith.style.tiling import stylize_tiled
 
     with Image.open(_synthetic_photo(tmp_path / "photo.jpg", STYLIZE_SIZE)) as opened:

@@ -8,7 +8,7 @@ import logging
 import pytest
 import torch
 
-from pixelsmith.train import run
+from pixelsmith.run.fit import run
 from tests.conftest import compose_config
 from tests.test_gpu_graphs import _graph_counts, _max_difference
 from tests.test_gpu_graphs import pytestmark as gpu_marks

@@ -14,8 +14,8 @@ import pytest
 import torch
 
 from pixelsmith.core.module import TrainingCore
+from pixelsmith.run.fit import run
 from pixelsmith.style.module import AdaINModule, FastStyleModule
-from pixelsmith.train import run
 from tests.conftest import last_checkpoint
 from tests.test_cuda_graphs import _assert_states_close, fake_cuda  # noqa: F401  (fake_cuda is a fixture)
 from tests.test_style_train import _cfg

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from pixelsmith.train import run
+from pixelsmith.run.fit import run
 from tests.test_host_sync import record_host_sync_checks
 
 

@@ -11,7 +11,7 @@ import torch
 from torch import nn
 
 from pixelsmith.perf.breakdown import PHASE_TOLERANCE
-from pixelsmith.train import run
+from pixelsmith.run.fit import run
 from tests.breakdown_checks import BATCH, assert_breakdown_run_reports_flops_and_mfu
 from tests.conftest import compose_config
 

@@ -8,7 +8,7 @@ import pytest
 import torch
 from PIL import Image
 
-from pixelsmith.paths import REPO_ROOT
+from pixelsmith.config.paths import REPO_ROOT
 from pixelsmith.style.data import HighBitDepthWarning, ImageReadError, StyleImageError
 from pixelsmith.style.loss_network import LossNetworkWeightsNotFoundError
 from pixelsmith.style.networks import AdaINNet, TransformerNet

@@ -11,7 +11,7 @@ from PIL import Image
 from torchmetrics.functional.image import structural_similarity_index_measure
 
 from benchmarks.child import child_env
-from pixelsmith.paths import DATA_DIR
+from pixelsmith.config.paths import DATA_DIR
 from pixelsmith.style import tiling
 from pixelsmith.style.networks import AdaINNet, TransformerNet
 from pixelsmith.style.tiling import (

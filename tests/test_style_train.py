@@ -14,12 +14,12 @@ from PIL import Image
 
 from pixelsmith.errors import PixelsmithError
 from pixelsmith.metrics.weights import MissingWeightsError
+from pixelsmith.run.fit import run
 from pixelsmith.style.data import EMBEDDED_CONTENT_DIR, StyleImageError
 from pixelsmith.style.loss_network import LossNetworkWeightsNotFoundError
 from pixelsmith.style.networks import AdaINNet, TransformerNet
 from pixelsmith.style.stylize import load_stylizer_from_checkpoint
 from pixelsmith.style.stylize import main as stylize_main
-from pixelsmith.train import run
 from tests.conftest import compose_config, last_checkpoint, metrics_rows, run_cli, series
 
 pytestmark = [
@@ -202,7 +202,7 @@ def test_checkpoint_loads_and_stylize_runs_on_it(tmp_path, model, monkeypatch):
 
     # evaluate.py measures GANs: a style checkpoint gets one paragraph pointing at stylize.py, not a traceback.
     from pixelsmith.errors import PixelsmithError
-    from pixelsmith.evaluate import evaluate
+    from pixelsmith.run.evaluate import evaluate
 
     eval_cfg = compose_config([f"ckpt_path={ckpt}"], tmp_path / "eval", config_name="evaluate")
     with pytest.raises(PixelsmithError, match="style-transfer checkpoint.*python stylize.py"):

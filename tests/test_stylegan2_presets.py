@@ -20,7 +20,7 @@ from hydra.utils import instantiate
 from PIL import Image
 
 from pixelsmith.config.validate import validate_config
-from pixelsmith.train import run
+from pixelsmith.run.fit import run
 from tests.conftest import compose_config, last_checkpoint, metrics_rows
 
 # cfg_specs as written in NVlabs' train.py (kimg, mb, mbstd, fmaps, lrate, gamma, ema, ramp, map); the values the

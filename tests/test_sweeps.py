@@ -26,7 +26,7 @@ from hydra_plugins.pixelsmith_optuna_sweeper.optuna_sweeper import (
     OptunaSweeper,
     search_space,
 )
-from pixelsmith.paths import REPO_ROOT
+from pixelsmith.config.paths import REPO_ROOT
 
 optuna = pytest.importorskip("optuna", minversion="4.0")  # the range pyproject.toml declares
 FloatDistribution = optuna.distributions.FloatDistribution
@@ -356,7 +356,7 @@ def test_a_study_stored_by_an_older_optuna_is_refused_with_the_upgrade_command(t
 
 
 def test_rank_correlation_importance_finds_the_parameter_that_matters():
-    from pixelsmith.optuna_report import importances
+    from pixelsmith.reports.optuna import importances
 
     trials = [
         {

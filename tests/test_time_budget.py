@@ -10,12 +10,12 @@ import logging
 import pytest
 import torch
 
-from pixelsmith.builders import build_plan
+from pixelsmith.config.paths import CONF_DIR
 from pixelsmith.core import budget as budget_module
 from pixelsmith.core.budget import TimeBudget
 from pixelsmith.errors import PixelsmithError
-from pixelsmith.paths import CONF_DIR
-from pixelsmith.train import run
+from pixelsmith.run.build import build_plan
+from pixelsmith.run.fit import run
 from tests.conftest import SMALL_DCGAN, last_checkpoint, metrics_rows, run_cli, series
 
 OUTPUTS = [

@@ -8,7 +8,7 @@ import math
 import pytest
 import torch
 
-from pixelsmith.train import run
+from pixelsmith.run.fit import run
 from tests.conftest import last_checkpoint, metrics_rows, series
 
 

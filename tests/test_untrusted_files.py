@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from pixelsmith.config.paths import REPO_ROOT
 from pixelsmith.errors import PixelsmithError
-from pixelsmith.paths import REPO_ROOT
 from tests.conftest import compose_config
 
 
@@ -68,7 +68,7 @@ def _refused(message: str, key: str) -> None:
 
 
 def test_train_refuses_a_crafted_resume_checkpoint(make_cfg, crafted, tmp_path):
-    from pixelsmith.train import run
+    from pixelsmith.run.fit import run
 
     path, marker = crafted
     with pytest.raises(PixelsmithError) as err:
@@ -79,7 +79,7 @@ def test_train_refuses_a_crafted_resume_checkpoint(make_cfg, crafted, tmp_path):
 
 
 def test_evaluate_refuses_a_crafted_checkpoint(crafted, tmp_path):
-    from pixelsmith.evaluate import evaluate
+    from pixelsmith.run.evaluate import evaluate
 
     path, marker = crafted
     cfg = compose_config(["~local", "hardware=cpu", f"ckpt_path={path}"], tmp_path / "eval", "evaluate")

@@ -8,6 +8,9 @@ present contribute instead of importing them, so deleting a part's folder with i
                               (`conf/model/<x>.yaml` starts with `defaults: [<name>, _self_]`)
     SHAPING_CONFIG_PREFIXES   config keys that decide the part's network tensors (a resume that does not fit the
                               checkpoint names the ones that differ)
+    RESOLVERS                 functions that register the OmegaConf resolvers the part's configs use
+    CONFIG_RULES              range rules (`pixelsmith.config.rules.Rule`) for the part's config keys, checked at
+                              start-up with the general ones
 
 Everything else a part brings is reached through the config tree (`_target_` paths) or the model object itself
 (e.g. its `breakdown_phases`). `part.py` should import only the part's schemas: it is imported before every

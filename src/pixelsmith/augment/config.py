@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from enum import StrEnum
 
-from pixelsmith.choices import choice
+from pixelsmith.config.choices import choice
 
 
 @dataclass

@@ -4,7 +4,7 @@
 The benchmarks (`bench.py`, `benchmarks/`) are not part of the package: they run from a clone.
 
 They do what `train.py`, `evaluate.py` and `prepare.py` at the repository root do, from any working directory: Hydra
-composes the config tree installed with the package (`pixelsmith.paths.CONF_DIR`: the clone's `conf/` in an editable
+composes the config tree installed with the package (`pixelsmith.config.paths.CONF_DIR`: the clone's `conf/` in an editable
 install, `site-packages/pixelsmith/conf` in a plain one) and runs are written under `./outputs/` of the working
 directory; `pixelsmith-prepare` takes key=value options of its own (no Hydra) and writes where `dest=` says.
 """

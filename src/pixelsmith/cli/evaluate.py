@@ -2,7 +2,7 @@
 installed package.
 
 Same job as `evaluate.py` at the repository root, composed from the packaged config tree
-(`pixelsmith.paths.CONF_DIR`) so it runs from any working directory; writes metrics.json and metrics.md into its
+(`pixelsmith.config.paths.CONF_DIR`) so it runs from any working directory; writes metrics.json and metrics.md into its
 run dir under `./outputs/`.
 """
 
@@ -11,10 +11,10 @@ import sys
 import hydra
 from omegaconf import DictConfig
 
+from pixelsmith.config.paths import CONF_DIR, register_resolvers
 from pixelsmith.config.schema import register_configs
-from pixelsmith.entry import guarded_run
-from pixelsmith.hardware import register_detected_profile
-from pixelsmith.paths import CONF_DIR, register_resolvers
+from pixelsmith.hardware.plan import register_detected_profile
+from pixelsmith.run.entry import guarded_run
 
 register_configs()
 register_resolvers()
@@ -23,7 +23,7 @@ register_detected_profile()  # hardware=auto composes this machine's profile (co
 
 @hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name="evaluate")
 def main(cfg: DictConfig) -> float | None:
-    from pixelsmith.evaluate import evaluate
+    from pixelsmith.run.evaluate import evaluate
 
     return guarded_run(evaluate, cfg, objective="fid", ends_process=True)
 

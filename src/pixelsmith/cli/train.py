@@ -1,7 +1,7 @@
 """`pixelsmith-train [group=option ...] [key=value ...]`: `python train.py` for an installed package.
 
 Same job as `train.py` at the repository root (see its docstring and the README), composed from the packaged
-config tree (`pixelsmith.paths.CONF_DIR`) so it runs from any working directory; runs go to `./outputs/`.
+config tree (`pixelsmith.config.paths.CONF_DIR`) so it runs from any working directory; runs go to `./outputs/`.
 """
 
 import sys
@@ -9,10 +9,10 @@ import sys
 import hydra
 from omegaconf import DictConfig
 
+from pixelsmith.config.paths import CONF_DIR, register_resolvers
 from pixelsmith.config.schema import register_configs
-from pixelsmith.entry import guarded_run, refuse_renamed_overrides
-from pixelsmith.hardware import register_detected_profile
-from pixelsmith.paths import CONF_DIR, register_resolvers
+from pixelsmith.hardware.plan import register_detected_profile
+from pixelsmith.run.entry import guarded_run, refuse_renamed_overrides
 
 register_configs()
 register_resolvers()
@@ -22,7 +22,7 @@ refuse_renamed_overrides(sys.argv[1:])  # model.loss=..., model.r1_gamma=...: sa
 
 @hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name="train")
 def main(cfg: DictConfig) -> float | None:
-    from pixelsmith.train import run
+    from pixelsmith.run.fit import run
 
     return guarded_run(run, cfg, objective=cfg.objective, ends_process=True)
 

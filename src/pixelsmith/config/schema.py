@@ -5,11 +5,11 @@ root schema, so a misspelled key (`hardware.batchsize=8`, `maxsteps=5`) or a wro
 start-up with Hydra's message naming the key, instead of training for an hour with a default (LHT #57).
 
 The hardware group is composed by Hydra like any other: `hardware=auto` is the profile the entry point detected
-(`pixelsmith.hardware.register_detected_profile`), so `--cfg job` prints the settings that run, and a command-line
+(`pixelsmith.hardware.plan.register_detected_profile`), so `--cfg job` prints the settings that run, and a command-line
 `hardware.batch_size=32` lands on top of the profile's value. `None` in a hardware field is the plan's default
-(`pixelsmith.hardware.resolve_plan`).
+(`pixelsmith.hardware.plan.resolve_plan`).
 
-No holes: a field with a fixed set of values is a `choice(Enum, default)` (pixelsmith/choices.py; `model.loss_net.arch=
+No holes: a field with a fixed set of values is a `choice(Enum, default)` (pixelsmith/config/choices.py; `model.loss_net.arch=
 vgg11` fails at composition naming the key and the values), each datamodule option of `conf/data/` has its own schema
 (`data=mnist data.root=/x` fails: MNIST takes no root), and the shipped G/D networks have typed configs.
 
@@ -29,7 +29,7 @@ from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING
 
 from pixelsmith.augment.config import AdaptiveAugmentConfig, DiffAugmentConfig
-from pixelsmith.choices import typed
+from pixelsmith.config.choices import typed
 from pixelsmith.core.config import ScheduleConfig, TrainLoopConfig
 from pixelsmith.data.config import (
     DataConfig,
@@ -38,7 +38,7 @@ from pixelsmith.data.config import (
     ShardsDataConfig,
     ZipDataConfig,
 )
-from pixelsmith.hardware_config import HardwareConfig, PrecisionConfig, StrategyConfig
+from pixelsmith.hardware.schema import HardwareConfig, PrecisionConfig, StrategyConfig
 from pixelsmith.metrics.config import EvalConfig
 from pixelsmith.parts import contributed
 from pixelsmith.perf.config import AutoBatchConfig, ProfilerConfig

@@ -13,15 +13,27 @@ from __future__ import annotations
 
 import difflib
 import logging
-from collections.abc import Callable
-from dataclasses import dataclass, fields, is_dataclass
+from dataclasses import fields, is_dataclass
 from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
+from pixelsmith.config.rules import (
+    EMA_HALF_LIFE,
+    GENERAL_SCHEDULED_RANGES,
+    PROBABILITY,
+    Range,
+    Rule,
+    non_negative,
+    number,
+    optional,
+    positive,
+    positive_int,
+)
 from pixelsmith.config.schema import TrainConfig
 from pixelsmith.core.config import HOST_SYNC_MODES, SCHEDULES
 from pixelsmith.errors import PixelsmithError
+from pixelsmith.parts import contributed
 
 log = logging.getLogger(__name__)
 
@@ -38,152 +50,50 @@ class ConfigValueError(PixelsmithError, ValueError):
     """One or more config values are out of range; the message lists each key with a valid value."""
 
 
-@dataclass(frozen=True)
-class Rule:
-    key: str  # dotted path; the rule is skipped when the config has no such key (another model, another data)
-    ok: Callable[[Any], bool]
-    requirement: str  # "must be ..." text
-    example: str  # a valid value for the message
-
-
-def _number(v: Any) -> bool:
-    return isinstance(v, int | float) and not isinstance(v, bool)
-
-
-def _positive_int(v: Any) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool) and v >= 1
-
-
-def _non_negative(v: Any) -> bool:
-    return _number(v) and v >= 0
-
-
-def _positive(v: Any) -> bool:
-    return _number(v) and v > 0
-
-
-def _optional(check: Callable[[Any], bool]) -> Callable[[Any], bool]:
-    return lambda v: v is None or check(v)
-
-
-@dataclass(frozen=True)
-class Range:
-    """What one kind of hyper-parameter may be, wherever its value comes from: the plain key
-    (`model.g_optimizer.lr`) and every value a schedule gives it over a run (`model.schedules.lr`) obey the same
-    rule, so a value refused on the command line cannot come back through a schedule."""
-
-    ok: Callable[[Any], bool]
-    requirement: str
-    example: str
-
-    def rule(self, key: str, example: str | None = None) -> Rule:
-        return Rule(key, self.ok, self.requirement, example or self.example)
-
-
-LEARNING_RATE = Range(
-    _positive, "must be > 0 (at 0 nothing learns; a negative learning rate climbs the loss)", "2.0e-4"
-)
-ADAM_BETA = Range(
-    lambda v: _number(v) and 0.0 <= v < 1.0,
-    "must be in [0, 1) (Adam's moment decay; 1 or more makes its bias correction divide by zero: NaN)",
-    "0.99",
-)
-PENALTY_WEIGHT = Range(
-    _non_negative, "must be >= 0 (0 disables it; a negative weight rewards the penalty)", "10.0"
-)
-PROBABILITY = Range(lambda v: _number(v) and 0.0 <= v <= 1.0, "must be a probability in [0, 1]", "0.3")
-# The EMA's half-life: > 0 as a plain key (EMA refuses 0), but a schedule may start at 0 (R3GAN's presets ramp it up
-# from a plain copy of G), so its scheduled values only have to be >= 0.
-EMA_HALF_LIFE = Range(_positive, "must be > 0", "10.0")
-EMA_HALF_LIFE_RAMP = Range(
-    _non_negative, "must be >= 0 (0: the average is a copy of G, as R3GAN's ramp starts)", "500.0"
-)
-
-# model.schedules.<name> -> the range its values obey: the same Range objects as the plain keys they move.
-# `<optimizer>_lr` / `_beta1` / `_beta2` (one optimizer's) take the range of their suffix.
-SCHEDULED_RANGES: dict[str, Range] = {
-    "lr": LEARNING_RATE,
-    "beta1": ADAM_BETA,
-    "beta2": ADAM_BETA,
-    "gamma": PENALTY_WEIGHT,
-    "gp_weight": PENALTY_WEIGHT,
-    "augment_p": PROBABILITY,
-    "ema_half_life_kimg": EMA_HALF_LIFE_RAMP,
-}
-
-
-def scheduled_range(name: str) -> Range | None:
-    """The range of `model.schedules.<name>` (None: a name this table does not know; the model refuses it)."""
-    if name in SCHEDULED_RANGES:
-        return SCHEDULED_RANGES[name]
-    suffix = name.rsplit("_", 1)[-1]
-    return SCHEDULED_RANGES.get(suffix) if suffix in ("lr", "beta1", "beta2") else None
-
-
-def _betas(v: Any) -> bool:
-    return isinstance(v, list | tuple) and len(v) == 2 and all(ADAM_BETA.ok(b) for b in v)
-
-
-def _optimizer_rules(prefix: str) -> list[Rule]:
-    return [
-        LEARNING_RATE.rule(f"{prefix}.lr"),
-        Rule(
-            f"{prefix}.betas",
-            _optional(_betas),
-            "must be two numbers in [0, 1), Adam's (beta1, beta2), or null for an optimizer without betas",
-            "[0.5,0.999]",
-        ),
-        Rule(
-            f"{prefix}.eps", _optional(_positive), "must be > 0 (or null: the optimizer's default)", "1.0e-8"
-        ),
-        Rule(f"{prefix}.weight_decay", _non_negative, "must be >= 0", "0.0"),
-    ]
-
-
-RULES: list[Rule] = [
-    Rule("max_steps", _positive_int, "must be at least 1", "2000"),
-    Rule("accumulate", _positive_int, "must be at least 1 (1 = no accumulation)", "1"),
-    Rule("data.batch_size", _optional(_positive_int), "must be at least 1 (or null: the profile's)", "64"),
-    Rule("data.resolution", lambda v: _positive_int(v) and v >= 4, "must be at least 4 pixels", "32"),
+GENERAL_RULES: list[Rule] = [
+    Rule("max_steps", positive_int, "must be at least 1", "2000"),
+    Rule("accumulate", positive_int, "must be at least 1 (1 = no accumulation)", "1"),
+    Rule("data.batch_size", optional(positive_int), "must be at least 1 (or null: the profile's)", "64"),
+    Rule("data.resolution", lambda v: positive_int(v) and v >= 4, "must be at least 4 pixels", "32"),
     Rule("data.channels", lambda v: v in (1, 3), "must be 1 (grey) or 3 (RGB)", "1"),
-    Rule("data.limit", _optional(_positive_int), "must be at least 1, or null for the whole dataset", "null"),
-    Rule("data.num_workers", _optional(_non_negative), "must be >= 0 (0 = load in the main process)", "2"),
+    Rule("data.limit", optional(positive_int), "must be at least 1, or null for the whole dataset", "null"),
+    Rule("data.num_workers", optional(non_negative), "must be >= 0 (0 = load in the main process)", "2"),
     Rule(
         "hardware.num_workers",
-        _optional(_non_negative),
+        optional(non_negative),
         "must be >= 0 (loader worker processes; 0 = load in the main process), or null",
         "2",
     ),
-    Rule("data.prefetch_factor", _positive_int, "must be at least 1", "2"),
+    Rule("data.prefetch_factor", positive_int, "must be at least 1", "2"),
     Rule("data.on_corrupt", lambda v: v in ("skip", "error"), "must be skip or error", "skip"),
-    Rule("hardware.devices", _optional(_positive_int), "must be at least 1 (or null: all visible)", "1"),
-    Rule("hardware.num_nodes", _positive_int, "must be at least 1", "1"),
-    Rule("hardware.num_threads", _optional(_positive_int), "must be at least 1, or null", "null"),
+    Rule("hardware.devices", optional(positive_int), "must be at least 1 (or null: all visible)", "1"),
+    Rule("hardware.num_nodes", positive_int, "must be at least 1", "1"),
+    Rule("hardware.num_threads", optional(positive_int), "must be at least 1, or null", "null"),
     Rule(
         "hardware.memory_fraction",
-        _optional(lambda v: _positive(v) and v <= 1),
+        optional(lambda v: positive(v) and v <= 1),
         "must be in (0, 1], or null",
         "0.5",
     ),
     Rule(
         "train.clip_grad_norm",
-        _optional(_positive),
+        optional(positive),
         "must be > 0, or null for no clipping (a negative max norm flips the gradients: gradient ascent)",
         "1.0",
     ),
-    Rule("train.log_every_n_steps", _positive_int, "must be at least 1", "10"),
-    Rule("train.sample_every_n_steps", _non_negative, "must be >= 0 (0 = never)", "250"),
-    Rule("train.checkpoint_every_n_steps", _non_negative, "must be >= 0 (0 = only at the end)", "500"),
-    Rule("train.keep_checkpoints", _non_negative, "must be >= 0", "3"),
+    Rule("train.log_every_n_steps", positive_int, "must be at least 1", "10"),
+    Rule("train.sample_every_n_steps", non_negative, "must be >= 0 (0 = never)", "250"),
+    Rule("train.checkpoint_every_n_steps", non_negative, "must be >= 0 (0 = only at the end)", "500"),
+    Rule("train.keep_checkpoints", non_negative, "must be >= 0", "3"),
     Rule(
         "train.preemption.check_every_n_steps",
-        _optional(_positive_int),
+        optional(positive_int),
         "must be at least 1, or null (the logging iterations)",
         "null",
     ),
     Rule(
         "train.nonfinite_max_consecutive",
-        _non_negative,
+        non_negative,
         "must be >= 0 (0 = never stop for non-finite steps)",
         "20",
     ),
@@ -196,70 +106,21 @@ RULES: list[Rule] = [
     Rule(
         "schedule.name", lambda v: v in SCHEDULES, f"must be one of {', '.join(SCHEDULES)}", "warmup_cosine"
     ),
-    Rule("schedule.warmup_steps", _non_negative, "must be >= 0", "0"),
-    Rule("schedule.min_lr_ratio", lambda v: _non_negative(v) and v <= 1, "must be in [0, 1]", "0.0"),
-    Rule(
-        "schedule.total_steps", _optional(_positive_int), "must be at least 1, or null (= max_steps)", "null"
-    ),
-    PENALTY_WEIGHT.rule("model.objective.regularizers.r1.gamma"),
-    PENALTY_WEIGHT.rule("model.objective.gamma", "0.05"),  # R3GAN's R1 + R2 weight
-    PENALTY_WEIGHT.rule("model.objective.gp_weight"),  # WGAN-GP's gradient penalty
-    Rule(
-        "model.objective.regularizers.r1.interval",
-        _positive_int,
-        "must be at least 1 (R1 every N iterations)",
-        "16",
-    ),
-    Rule(
-        "model.objective.regularizers.path_length.weight",
-        _non_negative,
-        "must be >= 0 (0 disables it)",
-        "2.0",
-    ),
-    Rule("model.objective.regularizers.path_length.interval", _positive_int, "must be at least 1", "4"),
-    Rule("model.sample_grid_size", _positive_int, "must be at least 1", "64"),
-    *(
-        rule
-        for net in ("generator", "discriminator")
-        for rule in (
-            Rule(
-                f"model.{net}.num_fp16_res",
-                _optional(lambda v: _non_negative(v) and isinstance(v, int)),
-                "must be >= 0 (the number of highest resolutions run in fp16 under 16-mixed, 0 = none), or null "
-                "(the whole network under the run's autocast)",
-                "4",
-            ),
-            Rule(
-                f"model.{net}.conv_clamp",
-                _optional(_positive),
-                "must be > 0 (conv outputs clamped to +-this; NVlabs uses 256 with fp16), or null (no clamp)",
-                "256",
-            ),
-        )
-    ),
-    Rule(
-        "model.generator.style_mixing_prob",
-        lambda v: _non_negative(v) and v <= 1,
-        "must be a probability in [0, 1] (NVlabs' StyleGAN2 uses 0.9; 0 turns style mixing off)",
-        "0.9",
-    ),
-    Rule(
-        "model.generator.c_dim",
-        lambda v: _non_negative(v) and isinstance(v, int),
-        "must be an integer >= 0 (0 = unconditional, else the number of classes of the one-hot labels)",
-        "0",
-    ),
+    Rule("schedule.warmup_steps", non_negative, "must be >= 0", "0"),
+    Rule("schedule.min_lr_ratio", lambda v: non_negative(v) and v <= 1, "must be in [0, 1]", "0.0"),
+    Rule("schedule.total_steps", optional(positive_int), "must be at least 1, or null (= max_steps)", "null"),
+    Rule("model.sample_grid_size", positive_int, "must be at least 1", "64"),
     EMA_HALF_LIFE.rule("model.ema.half_life_kimg"),
     Rule(
         "model.ema.rampup",
-        _optional(_positive),
+        optional(positive),
         "must be > 0, or null for no ramp-up (the half-life is limited to rampup x the images seen so far: at 0 or "
         "below the average is a plain copy of G, no average at all)",
         "0.05",
     ),
     Rule(
         "augment.target",
-        lambda v: v is None or (_positive(v) and v < 1),
+        lambda v: v is None or (positive(v) and v < 1),
         "must be in (0, 1), or null for a p set by model.schedules.augment_p: ADA raises p while r_t = E[sign(D(real))] is above the target and lowers it below; r_t "
         "lies in [-1, 1], so at a target of 1 or above p can never rise (augmentation never starts) and at 0 or "
         "below it rises whenever D calls more reals real than fake",
@@ -267,24 +128,21 @@ RULES: list[Rule] = [
     ),
     PROBABILITY.rule("augment.initial_p", "0.0"),
     PROBABILITY.rule("augment.max_p", "1.0"),
-    *_optimizer_rules("model.g_optimizer"),
-    *_optimizer_rules("model.d_optimizer"),
-    *_optimizer_rules("model.optimizer"),
     Rule(
         "strategy.timeout_minutes",
-        _positive,
+        positive,
         "must be > 0 (how long a collective waits for the other processes; at 0 the first one times out)",
         "30",
     ),
-    Rule("profiler.every_n_steps", _optional(_positive_int), "must be at least 1, or null", "null"),
-    Rule("profiler.warmup_steps", _non_negative, "must be >= 0", "2"),
-    Rule("profiler.torch_wait", _non_negative, "must be >= 0", "2"),
-    Rule("profiler.torch_warmup", _non_negative, "must be >= 0", "1"),
-    Rule("profiler.torch_active", _positive_int, "must be at least 1 (the iterations recorded)", "3"),
-    Rule("eval.every_n_steps", _non_negative, "must be >= 0 (0 = no evaluation during training)", "500"),
-    Rule("eval.num_samples", _positive_int, "must be at least 1", "2000"),
-    Rule("eval.batch_size", _positive_int, "must be at least 1", "250"),
-    Rule("eval.reference_samples", _optional(_positive_int), "must be at least 1, or null (all)", "null"),
+    Rule("profiler.every_n_steps", optional(positive_int), "must be at least 1, or null", "null"),
+    Rule("profiler.warmup_steps", non_negative, "must be >= 0", "2"),
+    Rule("profiler.torch_wait", non_negative, "must be >= 0", "2"),
+    Rule("profiler.torch_warmup", non_negative, "must be >= 0", "1"),
+    Rule("profiler.torch_active", positive_int, "must be at least 1 (the iterations recorded)", "3"),
+    Rule("eval.every_n_steps", non_negative, "must be >= 0 (0 = no evaluation during training)", "500"),
+    Rule("eval.num_samples", positive_int, "must be at least 1", "2000"),
+    Rule("eval.batch_size", positive_int, "must be at least 1", "250"),
+    Rule("eval.reference_samples", optional(positive_int), "must be at least 1, or null (all)", "null"),
     Rule(
         "eval.metrics",
         lambda v: isinstance(v, list | tuple) and bool(v) and all(m in METRIC_SCORES for m in v),
@@ -292,6 +150,24 @@ RULES: list[Rule] = [
         "[fid,kid,pr]",
     ),
 ]
+
+# Every rule checked at start-up: the general ones and those each part present brings (its part.py's CONFIG_RULES).
+RULES: list[Rule] = [*GENERAL_RULES, *contributed("CONFIG_RULES")]
+
+# model.schedules.<name> -> the range its values obey: the same Range objects as the plain keys they move (a part
+# adds its own objective's, e.g. the GAN's gamma). `<optimizer>_lr` / `_beta1` / `_beta2` take their suffix's.
+SCHEDULED_RANGES: dict[str, Range] = {
+    **GENERAL_SCHEDULED_RANGES,
+    **dict(contributed("SCHEDULED_RANGES")),
+}
+
+
+def scheduled_range(name: str) -> Range | None:
+    """The range of `model.schedules.<name>` (None: a name this table does not know; the model refuses it)."""
+    if name in SCHEDULED_RANGES:
+        return SCHEDULED_RANGES[name]
+    suffix = name.rsplit("_", 1)[-1]
+    return SCHEDULED_RANGES.get(suffix) if suffix in ("lr", "beta1", "beta2") else None
 
 
 def _lookup(cfg: DictConfig, key: str) -> tuple[bool, Any]:
@@ -389,7 +265,7 @@ def _schedule_problems(cfg: DictConfig) -> list[str]:
         ends = {"start": node.get("start")}
         if node.get("final") is not None:
             ends["final"] = node["final"]
-        if _number(node.get("warmup_kimg")) and node["warmup_kimg"] > 0:
+        if number(node.get("warmup_kimg")) and node["warmup_kimg"] > 0:
             ends["warmup_start"] = node.get("warmup_start", 0.0)
         for end, value in ends.items():
             if not allowed.ok(value):

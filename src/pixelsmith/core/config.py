@@ -9,7 +9,7 @@ from typing import Any
 
 from omegaconf import MISSING
 
-from pixelsmith.choices import choice, values
+from pixelsmith.config.choices import choice, values
 
 
 class Precision(StrEnum):

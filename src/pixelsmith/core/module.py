@@ -59,7 +59,7 @@ class NonFiniteError(PixelsmithError, RuntimeError):
 
 @dataclass
 class CoreSettings:
-    """Everything the core needs that is not model-specific; built by `pixelsmith.train` from the run config."""
+    """Everything the core needs that is not model-specific; built by `pixelsmith.run.fit` from the run config."""
 
     precision: str = "32-true"
     accumulate: int = 1

@@ -82,7 +82,7 @@ class StoppedAtOnce(BaseException):
 
     A BaseException, as KeyboardInterrupt is, so that no `except Exception` on its way swallows it; not a
     KeyboardInterrupt, which Lightning's `fit` turns into "graceful shutdown" and exit status 1. The entry point
-    (pixelsmith.entry) says which checkpoint is intact and exits with 130."""
+    (pixelsmith.run.entry) says which checkpoint is intact and exits with 130."""
 
     exit_code = 128 + signal.SIGINT
 
@@ -116,7 +116,7 @@ def _stop_at_once_outside_the_loop(signum: int, frame) -> None:
 # ---- a stop at once that cannot hang --------------------------------------------------------------------------------
 FORCED_EXIT_GRACE_S = 1.5  # the main thread's time to leave the run after a stop-at-once Ctrl-C
 
-# Set by an entry point (pixelsmith.entry): this process is its to end, and this makes the paragraph it would print.
+# Set by an entry point (pixelsmith.run.entry): this process is its to end, and this makes the paragraph it would print.
 # Unset (a run started from Python, a test), nothing ever ends the process from outside the main thread.
 _forced_exit_message: Callable[[str], str] | None = None
 

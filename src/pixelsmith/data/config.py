@@ -9,7 +9,7 @@ from enum import StrEnum
 
 from omegaconf import MISSING
 
-from pixelsmith.choices import choice
+from pixelsmith.config.choices import choice
 
 
 class Decoder(StrEnum):  # data.decoder of data=zip / data=shards (data/decode.py)

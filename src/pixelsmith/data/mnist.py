@@ -16,9 +16,9 @@ import torch
 import torch.nn.functional as F
 from torch.utils.data import Dataset
 
+from pixelsmith.config.paths import DATA_DIR
 from pixelsmith.data.base import ImageDataModule
 from pixelsmith.data.fingerprint import fingerprint_file
-from pixelsmith.paths import DATA_DIR
 
 MNIST_FILE = DATA_DIR / "mnist_5k.npz"
 

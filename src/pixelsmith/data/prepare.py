@@ -36,7 +36,7 @@ from typing import Any
 
 from PIL import Image, ImageColor, ImageOps, UnidentifiedImageError
 
-from pixelsmith.argv_options import parse_key_values
+from pixelsmith.config.argv_options import parse_key_values
 from pixelsmith.data.archive import IMAGE_EXTENSIONS, LABELS_FILE, ArchiveError, ArchiveSource
 from pixelsmith.data.image_folder import check_not_too_small, to_8bit
 from pixelsmith.errors import PixelsmithError, UnwritableError, check_writable_folder, why_unwritable

@@ -10,7 +10,7 @@ from typing import Any
 
 from omegaconf import MISSING
 
-from pixelsmith.choices import choice
+from pixelsmith.config.choices import choice
 from pixelsmith.core.config import EMAConfig, OptimizerConfig
 
 

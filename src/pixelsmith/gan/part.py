@@ -2,6 +2,8 @@
 name: README "Removing a part")."""
 
 from pixelsmith.gan.config import DCGANModelConfig, GANModelConfig, R3GANModelConfig, StyleGAN2ModelConfig
+from pixelsmith.gan.rules import CONFIG_RULES, SCHEDULED_RANGES  # noqa: F401 (read by pixelsmith.parts)
+from pixelsmith.gan.stylegan2_auto import register_stylegan2_resolvers
 
 SCHEMAS = [
     ("model", "_gan_schema", GANModelConfig),  # any G/D: a fork's own networks
@@ -10,3 +12,5 @@ SCHEMAS = [
     ("model", "_r3gan_schema", R3GANModelConfig),
 ]
 SHAPING_CONFIG_PREFIXES = ("model.generator.", "model.discriminator.")
+# OmegaConf resolvers the part's presets use: NVlabs' 'auto' heuristics and kimg -> iterations (experiment=stylegan2_*)
+RESOLVERS = [register_stylegan2_resolvers]

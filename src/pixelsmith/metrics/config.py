@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from enum import StrEnum
 
-from pixelsmith.choices import choice
+from pixelsmith.config.choices import choice
 
 
 class Extractor(StrEnum):  # eval.extractor (None = the data's default)

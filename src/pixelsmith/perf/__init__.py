@@ -1,8 +1,8 @@
 """Performance toolkit of a training run: step-time breakdown, throughput/MFU/memory, torch.profiler windows, auto
-batch size (the hardware switches are part of the run's plan: `pixelsmith.hardware.apply_plan`). The benchmarks (`bench.py`, the plain loop) live outside the package, in `benchmarks/`.
+batch size (the hardware switches are part of the run's plan: `pixelsmith.hardware.plan.apply_plan`). The benchmarks (`bench.py`, the plain loop) live outside the package, in `benchmarks/`.
 See docs/performance.md.
 
-`pixelsmith.train.run` calls the three functions below; nothing here runs unless the config asks for it
+`pixelsmith.run.fit.run` calls the three functions below; nothing here runs unless the config asks for it
 (`profiler=breakdown|torch`, `auto_batch.enabled=true`).
 """
 
@@ -15,11 +15,11 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from omegaconf import DictConfig
 
-    from pixelsmith.hardware import RuntimePlan
+    from pixelsmith.hardware.plan import RuntimePlan
 
 
 def prepare_run(cfg: DictConfig, plan: RuntimePlan) -> None:
-    """Before data and model, after `pixelsmith.hardware.apply_plan` set the plan's switches: (if enabled) search the
+    """Before data and model, after `pixelsmith.hardware.plan.apply_plan` set the plan's switches: (if enabled) search the
     batch size, which rewrites `cfg.data.batch_size` (and the lrs with `auto_batch.scale_lr`)."""
     from pixelsmith.perf.batch_size import choose_batch_size
 

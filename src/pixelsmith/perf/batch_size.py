@@ -37,7 +37,7 @@ import torch
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from pixelsmith.errors import PixelsmithError
-from pixelsmith.hardware import RuntimePlan
+from pixelsmith.hardware.plan import RuntimePlan
 from pixelsmith.perf import memory
 
 log = logging.getLogger(__name__)
@@ -227,7 +227,7 @@ def make_training_trial(cfg: DictConfig, plan: RuntimePlan) -> Callable[[int], N
     """One real training iteration of a fresh model at a given per-process micro-batch, on one device."""
     import lightning as L
 
-    from pixelsmith.builders import build_core_settings, build_datamodule, build_model
+    from pixelsmith.run.build import build_core_settings, build_datamodule, build_model
 
     trial_cfg = copy.deepcopy(cfg)
     with open_dict(trial_cfg):

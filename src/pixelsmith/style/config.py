@@ -9,7 +9,7 @@ from typing import Any
 
 from omegaconf import MISSING
 
-from pixelsmith.choices import choice
+from pixelsmith.config.choices import choice
 from pixelsmith.core.config import OptimizerConfig
 from pixelsmith.data.config import DataConfig, OnCorrupt
 

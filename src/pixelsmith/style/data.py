@@ -25,8 +25,8 @@ from PIL import Image, ImageOps, UnidentifiedImageError
 from torch import Tensor
 from torch.utils.data import Dataset
 
+from pixelsmith.config.paths import DATA_DIR
 from pixelsmith.errors import PixelsmithError
-from pixelsmith.paths import DATA_DIR
 
 EMBEDDED_DIR = DATA_DIR / "style"
 EMBEDDED_CONTENT_DIR = EMBEDDED_DIR / "content"

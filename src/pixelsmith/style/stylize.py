@@ -33,7 +33,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from pixelsmith.argv_options import parse_key_values
+from pixelsmith.config.argv_options import parse_key_values
 from pixelsmith.core.precision import AUTOCAST_DTYPES
 from pixelsmith.errors import PixelsmithError, check_writable_folder
 from pixelsmith.safe_load import load_data_only

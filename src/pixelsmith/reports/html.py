@@ -5,9 +5,9 @@ report shows the stop reason and final metrics, the loss, learning-rate, gradien
 `metrics.csv`, the evaluation curves (FID, KID, precision/recall from `eval_history.json`; a model's validation
 metrics from any `<name>_validation.json` history its callbacks write), sample grids over time, the
 step-time breakdown and throughput/MFU/memory when the run was profiled (`perf/`), and the resolved config. A sweep
-report (`pixelsmith.sweep_summary`) compares its jobs: objective per job, their overrides and links to their reports.
+report (`pixelsmith.reports.sweep_summary`) compares its jobs: objective per job, their overrides and links to their reports.
 
-    python -m pixelsmith.report outputs/train/runs/<run>      # (re)write a run's report by hand
+    python -m pixelsmith.reports.html outputs/train/runs/<run>      # (re)write a run's report by hand
 """
 
 from __future__ import annotations

@@ -29,10 +29,10 @@ from pathlib import Path
 
 from omegaconf import OmegaConf
 
-from pixelsmith.launch import register_launch_resolvers
-from pixelsmith.stylegan2_auto import register_stylegan2_resolvers
+from pixelsmith.parts import contributed
+from pixelsmith.run.launch import register_launch_resolvers
 
-PACKAGE_DIR = Path(__file__).resolve().parent
+PACKAGE_DIR = Path(__file__).resolve().parents[1]  # src/pixelsmith (this file is in its config/)
 _CHECKOUT = PACKAGE_DIR.parents[1]  # the clone's root if this is <clone>/src/pixelsmith
 REPO_ROOT: Path | None = (
     _CHECKOUT if PACKAGE_DIR.parent.name == "src" and (_CHECKOUT / "pyproject.toml").is_file() else None
@@ -80,11 +80,13 @@ def describe_trees(cwd: Path | None = None) -> str | None:
 
 def register_resolvers() -> None:
     """`${pixelsmith.data_dir:}` = DATA_DIR (as a string), for configs that point at the embedded data; and the
-    launch resolvers of conf/hydra/default.yaml (`pixelsmith.launch`)."""
+    launch resolvers of conf/hydra/default.yaml (`pixelsmith.run.launch`); and each part's own (its `RESOLVERS`,
+    e.g. the GAN part's StyleGAN2 'auto' heuristics)."""
     if not OmegaConf.has_resolver("pixelsmith.data_dir"):
         OmegaConf.register_new_resolver("pixelsmith.data_dir", lambda: str(DATA_DIR))
     register_launch_resolvers()  # the run dir's stamp, per-rank log file and .hydra
-    register_stylegan2_resolvers()  # NVlabs' 'auto' heuristics and kimg -> iterations (experiment=stylegan2_*)
+    for register in contributed("RESOLVERS"):
+        register()
 
 
 register_resolvers()

@@ -1,9 +1,9 @@
 """Hydra callback that ends a multirun with a table of every job: overrides, status, objective value or error.
 
-Each job writes `result.json` or `failed.json` into its dir (`pixelsmith.entry.guarded_run`); this reads them back,
+Each job writes `result.json` or `failed.json` into its dir (`pixelsmith.run.entry.guarded_run`); this reads them back,
 prints a table, and writes `summary.md` into the sweep dir, best objective first. An Optuna sweep (hparams_search)
 adds its study: best parameters, parameter importance, every trial, and `optuna_objective.png`
-(`pixelsmith.optuna_report`). `report.html` beside it compares the jobs (`pixelsmith.report`).
+(`pixelsmith.reports.optuna`). `report.html` beside it compares the jobs (`pixelsmith.reports.html`).
 """
 
 from __future__ import annotations
@@ -68,11 +68,11 @@ class SweepSummary(Callback):
         text = f"# Sweep summary\n\n{table}\n"
         study = _optuna_study(config)
         if study is not None:
-            from pixelsmith.optuna_report import optuna_section
+            from pixelsmith.reports.optuna import optuna_section
 
             text += "\n" + optuna_section(*study, sweep_dir, str(config.get("objective", "objective"))) + "\n"
         (sweep_dir / "summary.md").write_text(text)
-        from pixelsmith.report import write_sweep_report
+        from pixelsmith.reports.html import write_sweep_report
 
         write_sweep_report(sweep_dir, rows)  # report.html: the jobs side by side, linked to theirs
         failed = sum(r["status"] != "ok" for r in rows)

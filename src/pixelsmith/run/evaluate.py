@@ -16,13 +16,12 @@ import torch
 from hydra.utils import get_class
 from omegaconf import DictConfig, OmegaConf
 
-from pixelsmith.builders import build_datamodule, build_model, build_plan
 from pixelsmith.callbacks.evaluation import build_gan_metric, generate_into
 from pixelsmith.core.module import CoreSettings
 from pixelsmith.errors import PixelsmithError
-from pixelsmith.hardware import apply_plan
-from pixelsmith.resume import with_legacy_network_settings
-from pixelsmith.train import _check_resume_path
+from pixelsmith.hardware.plan import apply_plan
+from pixelsmith.run.build import build_datamodule, build_model, build_plan
+from pixelsmith.run.resume import check_resume_path, with_legacy_network_settings
 
 log = logging.getLogger(__name__)
 
@@ -61,7 +60,7 @@ def _check_generates_images(ckpt_path: Path, model_cfg: DictConfig) -> None:
 
 
 def evaluate(cfg: DictConfig) -> dict[str, float]:
-    ckpt_path = _check_resume_path(cfg.ckpt_path)
+    ckpt_path = check_resume_path(cfg.ckpt_path)
     checkpoint = load_checkpoint(ckpt_path)
     # A checkpoint from before a network setting existed is rebuilt as the network it was trained as.
     stored = OmegaConf.create(with_legacy_network_settings(checkpoint["pixelsmith_config"]))

@@ -1,12 +1,12 @@
 """Schemas of the hardware, precision and strategy groups (`conf/hardware/`, `conf/precision/`, `conf/strategy/`),
-beside `pixelsmith.hardware`, which turns them into the run's plan."""
+beside `pixelsmith.hardware.plan`, which turns them into the run's plan."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from enum import StrEnum
 
-from pixelsmith.choices import choice, values
+from pixelsmith.config.choices import choice, values
 from pixelsmith.core.config import OptimizerImpl, Precision
 
 
@@ -59,7 +59,7 @@ STRATEGIES = values(Strategy)
 class HardwareConfig:
     """A hardware profile, `conf/hardware/<name>.yaml` (hardware=auto: the detected one), composed by Hydra with the
     user's `hardware.*` keys on top: device, default precision, backend switches, loader settings and batch size.
-    `pixelsmith.hardware.resolve_plan` turns it into the RuntimePlan; a field left None takes the plan's default."""
+    `pixelsmith.hardware.plan.resolve_plan` turns it into the RuntimePlan; a field left None takes the plan's default."""
 
     name: str = "auto"
     accelerator: str | None = choice(Accelerator, None)  # cpu | cuda | mps

@@ -4,11 +4,11 @@ A PixelsmithError (bad config value, missing file or weights, impossible hardwar
 without a traceback, and the process exits with status 2. A run ended by a preemption signal or Ctrl-C
 (core/preemption.py) exits with 128 + the signal's number once its last.ckpt is written (130 for Ctrl-C, also where a
 Ctrl-C stopped it at once, without waiting for any clean-up), printing the command that resumes; a resume of a checkpoint already at max_steps says so
-and exits with 0 (pixelsmith.resume). In a multirun the failing job writes
-`failed.json` in its dir and returns NaN so the other jobs still run; `pixelsmith.sweep_summary` tabulates them at the
+and exits with 0 (pixelsmith.run.resume). In a multirun the failing job writes
+`failed.json` in its dir and returns NaN so the other jobs still run; `pixelsmith.reports.sweep_summary` tabulates them at the
 end. A multirun job whose `hardware=auto` was detected on another machine (a SLURM job composed on the login node)
-stops naming the profile to give (`pixelsmith.hardware.check_detected_here`). A run started inside one checkout
-with another's code and configs (an installed pixelsmith) says which trees it uses (`pixelsmith.paths`).
+stops naming the profile to give (`pixelsmith.hardware.plan.check_detected_here`). A run started inside one checkout
+with another's code and configs (an installed pixelsmith) says which trees it uses (`pixelsmith.config.paths`).
 """
 
 from __future__ import annotations
@@ -28,12 +28,12 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
+from pixelsmith.config.paths import describe_trees
 from pixelsmith.core.preemption import RunPreempted, StoppedAtOnce, allow_forced_exit, exit_now
 from pixelsmith.errors import PixelsmithError
-from pixelsmith.hardware import check_detected_here
-from pixelsmith.launch import global_rank, started_by_lightning_launcher
-from pixelsmith.paths import describe_trees
-from pixelsmith.resume import AlreadyFinished, checkpoint_iteration, continue_command
+from pixelsmith.hardware.plan import check_detected_here
+from pixelsmith.run.launch import global_rank, started_by_lightning_launcher
+from pixelsmith.run.resume import AlreadyFinished, checkpoint_iteration, continue_command
 
 log = logging.getLogger("pixelsmith")
 

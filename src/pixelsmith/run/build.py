@@ -1,5 +1,5 @@
 """Builders of a run's parts from the composed config: the runtime plan, the core settings, the datamodule and the
-model. `pixelsmith.train` fits with them; the auto batch size search (`pixelsmith.perf.batch_size`), `evaluate.py`
+model. `pixelsmith.run.fit` fits with them; the auto batch size search (`pixelsmith.perf.batch_size`), `evaluate.py`
 and the benchmarks build the same parts the same way. Below `train` and `perf` so both can use them without an
 import circle (tests/test_architecture.py).
 """
@@ -18,7 +18,7 @@ from pixelsmith.core.budget import TimeBudget
 from pixelsmith.core.config import ScheduleConfig
 from pixelsmith.core.module import CoreSettings
 from pixelsmith.errors import PixelsmithError
-from pixelsmith.hardware import RuntimePlan, resolve_plan
+from pixelsmith.hardware.plan import RuntimePlan, resolve_plan
 
 log = logging.getLogger(__name__)
 
@@ -27,7 +27,7 @@ DATAMODULE_RUN_KEYS = ("accumulate", "max_steps", "seed")
 
 
 def build_plan(cfg: DictConfig) -> RuntimePlan:
-    """The run's RuntimePlan from the composed config (`pixelsmith.hardware.resolve_plan`), after the loop checks.
+    """The run's RuntimePlan from the composed config (`pixelsmith.hardware.plan.resolve_plan`), after the loop checks.
     `run()` builds it once and passes it on; nothing else re-reads the hardware profile."""
     if cfg.max_steps < 1:
         raise PixelsmithError(f"max_steps={cfg.max_steps} must be at least 1.")

@@ -6,7 +6,7 @@ images as this template's iterations.
     ${pixelsmith.stylegan2_auto:gamma,${data.resolution},${hardware.devices},${hardware.num_nodes}}
     ${pixelsmith.kimg_to_steps:25000,${data.batch_size},${accumulate}}
 
-Registered with the other resolvers (`pixelsmith.paths.register_resolvers`). Pure Python without Pixelsmith imports: it
+Registered with the other resolvers (`pixelsmith.config.paths.register_resolvers`). Pure Python without Pixelsmith imports: it
 runs at composition, below every other part (a bad value is a ValueError, which OmegaConf reports with the key).
 """
 

@@ -30,7 +30,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from pixelsmith.errors import PixelsmithError
 from pixelsmith.parts import contributed
-from pixelsmith.run_dir import RUN_MARKER
+from pixelsmith.run.run_dir import RUN_MARKER
 from pixelsmith.safe_load import UnloadableFileError, needs_full_unpickling, not_data_only_message
 
 
@@ -454,3 +454,8 @@ def continue_command(output_dir: Path, auto_resume: bool) -> str | None:
     # Nothing to resume: the same command again, in this dir (which an earlier start already claimed).
     replace = {"train.overwrite": "true"} if (output_dir / RUN_MARKER).is_file() else {}
     return resume_command(replace, run_dir=output_dir.resolve())
+
+
+def check_resume_path(ckpt_path: str | None) -> str | None:
+    """The checkpoint path, checked to load (None without one); for evaluate.py."""
+    return str(open_checkpoint(ckpt_path)[0]) if ckpt_path is not None else None

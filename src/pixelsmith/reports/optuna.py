@@ -1,6 +1,6 @@
 """The Optuna part of a sweep's summary: the study's trials, best parameters, parameter importance and a plot.
 
-Written by `pixelsmith.sweep_summary.SweepSummary` at the end of `python train.py -m hparams_search=gan_optuna` from
+Written by `pixelsmith.reports.sweep_summary.SweepSummary` at the end of `python train.py -m hparams_search=gan_optuna` from
 the study's storage (so it covers every trial of the study, including those of earlier, interrupted invocations):
 a markdown section appended to `summary.md` and `optuna_objective.png` (objective per trial and the best so far).
 

@@ -16,7 +16,7 @@ Each step happens in one place:
    without native bf16, NCCL without a GPU, more devices than GPUs) stop here with a HardwareError naming the fix,
    before any data is read or any output is written.
 3. **One application.** `apply_plan` sets the process-wide switches the plan asks for (matmul precision, intra-op
-   threads, cudnn.benchmark, TF32, the CUDA allocator settings and memory fraction); `pixelsmith.train` calls it
+   threads, cudnn.benchmark, TF32, the CUDA allocator settings and memory fraction); `pixelsmith.run.fit` calls it
    once per run.
 """
 
@@ -31,11 +31,11 @@ from typing import Any
 import torch
 from omegaconf import DictConfig
 
-from pixelsmith.choices import values
+from pixelsmith.config.choices import values
 from pixelsmith.core.config import PRECISIONS, OptimizerImpl
 from pixelsmith.errors import PixelsmithError
-from pixelsmith.hardware_config import STRATEGIES, HardwareConfig
-from pixelsmith.launch import launch_topology
+from pixelsmith.hardware.schema import STRATEGIES, HardwareConfig
+from pixelsmith.run.launch import launch_topology
 
 log = logging.getLogger(__name__)
 
@@ -131,7 +131,7 @@ def profiles_by_gpu(conf_dir: Path | None = None) -> dict[str, str]:
     own for another GPU is detected by adding its file, with no table here to edit."""
     from omegaconf import OmegaConf
 
-    from pixelsmith.paths import CONF_DIR
+    from pixelsmith.config.paths import CONF_DIR
 
     found = {}
     for path in sorted(((conf_dir or CONF_DIR) / "hardware").glob("*.yaml")):
@@ -256,7 +256,7 @@ def check_detected_here(profile: str) -> None:
 
     Detection runs where the config is composed. hydra-submitit-launcher (`hydra/launcher=slurm`) hands each SLURM job
     the submitting process's ConfigStore, so a job on a GPU node would compose the login node's profile (cpu). Called
-    by `pixelsmith.entry.guarded_run` inside the job; a no-op outside multiruns and for named profiles."""
+    by `pixelsmith.run.entry.guarded_run` inside the job; a no-op outside multiruns and for named profiles."""
     from hydra.core.hydra_config import HydraConfig
     from hydra.types import RunMode
 
@@ -477,7 +477,7 @@ def _resolve_precision(precision: str, profile_precision: str | None, accelerato
 
 
 def apply_plan(plan: RuntimePlan) -> None:
-    """Set the process-wide switches the plan asks for: the one place they are set (`pixelsmith.train` calls it once
+    """Set the process-wide switches the plan asks for: the one place they are set (`pixelsmith.run.fit` calls it once
     per run, before data and model; a hand-written loop such as the benchmarks' plain loop calls it too).
 
     Matmul precision and intra-op threads everywhere; cudnn.benchmark (False for a CPU plan: Lightning's Trainer is

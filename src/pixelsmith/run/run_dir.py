@@ -27,12 +27,12 @@ from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 
 from pixelsmith.errors import PixelsmithError, check_writable_folder, why_unwritable
-from pixelsmith.launch import global_rank
+from pixelsmith.run.launch import global_rank
 
 log = logging.getLogger(__name__)
 
 LOCK_NAME = ".run.lock"
-# Written by every run at start-up (pixelsmith.train): its presence means the dir already holds a run.
+# Written by every run at start-up (pixelsmith.run.fit): its presence means the dir already holds a run.
 RUN_MARKER = "config_resolved.yaml"
 
 

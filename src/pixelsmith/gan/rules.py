@@ -1,0 +1,69 @@
+"""Range rules of the GAN part's config keys (objective regularisers, StyleGAN2's networks, the two optimizers),
+handed to the general start-up check through part.py's CONFIG_RULES, and the ranges of its scheduled values."""
+
+from __future__ import annotations
+
+from pixelsmith.config.rules import (
+    PENALTY_WEIGHT,
+    Rule,
+    non_negative,
+    optimizer_rules,
+    optional,
+    positive,
+    positive_int,
+)
+
+CONFIG_RULES: list[Rule] = [
+    PENALTY_WEIGHT.rule("model.objective.regularizers.r1.gamma"),
+    PENALTY_WEIGHT.rule("model.objective.gamma", "0.05"),  # R3GAN's R1 + R2 weight
+    PENALTY_WEIGHT.rule("model.objective.gp_weight"),  # WGAN-GP's gradient penalty
+    Rule(
+        "model.objective.regularizers.r1.interval",
+        positive_int,
+        "must be at least 1 (R1 every N iterations)",
+        "16",
+    ),
+    Rule(
+        "model.objective.regularizers.path_length.weight",
+        non_negative,
+        "must be >= 0 (0 disables it)",
+        "2.0",
+    ),
+    Rule("model.objective.regularizers.path_length.interval", positive_int, "must be at least 1", "4"),
+    *(
+        rule
+        for net in ("generator", "discriminator")
+        for rule in (
+            Rule(
+                f"model.{net}.num_fp16_res",
+                optional(lambda v: non_negative(v) and isinstance(v, int)),
+                "must be >= 0 (the number of highest resolutions run in fp16 under 16-mixed, 0 = none), or null "
+                "(the whole network under the run's autocast)",
+                "4",
+            ),
+            Rule(
+                f"model.{net}.conv_clamp",
+                optional(positive),
+                "must be > 0 (conv outputs clamped to +-this; NVlabs uses 256 with fp16), or null (no clamp)",
+                "256",
+            ),
+        )
+    ),
+    Rule(
+        "model.generator.style_mixing_prob",
+        lambda v: non_negative(v) and v <= 1,
+        "must be a probability in [0, 1] (NVlabs' StyleGAN2 uses 0.9; 0 turns style mixing off)",
+        "0.9",
+    ),
+    Rule(
+        "model.generator.c_dim",
+        lambda v: non_negative(v) and isinstance(v, int),
+        "must be an integer >= 0 (0 = unconditional, else the number of classes of the one-hot labels)",
+        "0",
+    ),
+    *optimizer_rules("model.g_optimizer"),
+    *optimizer_rules("model.d_optimizer"),
+]
+
+# model.schedules.<name> of the GAN objectives' own scalars (R1/R2's gamma, WGAN-GP's weight).
+SCHEDULED_RANGES = [("gamma", PENALTY_WEIGHT), ("gp_weight", PENALTY_WEIGHT)]
