@@ -21,8 +21,8 @@ from omegaconf import DictConfig, OmegaConf
 from torch import nn
 from torch.utils.data import DataLoader
 
+from pixelsmith.core.compile import eager
 from pixelsmith.core.ema import EMA
-from pixelsmith.core.module import eager
 from pixelsmith.core.optim import build_optimizer, optimizer_factory
 from pixelsmith.core.precision import AUTOCAST_DTYPES
 from pixelsmith.errors import PixelsmithError

@@ -144,7 +144,7 @@ def nvlabs_pair(args) -> Pair:
 def phase_step(
     pair: Pair, phase: str, z: torch.Tensor, real: torch.Tensor, r1_gamma: float = 1.0, autocast=None
 ) -> None:
-    from pixelsmith.core.module import eager
+    from pixelsmith.core.compile import eager
 
     if autocast is not None and phase != "R1":
         with autocast():

@@ -19,7 +19,7 @@ import torch
 import torch._dynamo
 from omegaconf import OmegaConf
 
-from pixelsmith.core.module import eager
+from pixelsmith.core.compile import eager
 from pixelsmith.run.fit import run
 from tests.compile_counts import compile_counts
 from tests.conftest import metrics_rows

@@ -17,8 +17,8 @@ import pytest
 import torch
 from torch.utils.data import DataLoader, TensorDataset
 
+from pixelsmith.core.compile import compile_mode_under_graphs as _compile_mode_under_graphs
 from pixelsmith.core.graphs import IterationGraphs
-from pixelsmith.core.module import _compile_mode_under_graphs
 from pixelsmith.run.fit import run
 
 
@@ -72,7 +72,7 @@ def test_graphed_iterations_equal_eager_ones(make_cfg, tmp_path, model, caplog):
     """N iterations through the graphed path (uncaptured on CPU) equal the eager iterations to 1e-6 in fp32:
     weights, EMA, Adam moments and step counts, ADA's p and counters, the learning rates."""
     extra = ["model.objective.regularizers.path_length.weight=0.5"] if model == "stylegan2" else []
-    with caplog.at_level(logging.INFO, logger="pixelsmith.core.module"):
+    with caplog.at_level(logging.INFO, logger="pixelsmith.core"):
         run(
             make_cfg(
                 *EVERYTHING, *extra, "max_steps=6", "hardware.cuda_graphs=true", model=model, output="graphed"
@@ -135,7 +135,7 @@ def test_fp16_graphed_iterations_equal_eager_with_the_scaler_on_the_device(make_
 
 
 def test_runs_that_cannot_be_captured_say_why_once_and_run_eagerly(make_cfg, caplog):
-    with caplog.at_level(logging.WARNING, logger="pixelsmith.core.module"):
+    with caplog.at_level(logging.WARNING, logger="pixelsmith.core"):
         run(
             make_cfg(
                 "hardware.cuda_graphs=true",
@@ -157,7 +157,7 @@ def test_a_model_without_an_iteration_plan_is_named_and_trains_eagerly(make_cfg,
 
     assert GANModule.supports_cuda_graphs
     monkeypatch.setattr(GANModule, "supports_cuda_graphs", False)  # stands in for a model without a plan
-    with caplog.at_level(logging.WARNING, logger="pixelsmith.core.module"):
+    with caplog.at_level(logging.WARNING, logger="pixelsmith.core"):
         metrics = run(make_cfg("hardware.cuda_graphs=true", "hardware.optimizer_impl=fused", "max_steps=2"))
     warnings = [r.getMessage() for r in caplog.records if "hardware.cuda_graphs=true, but" in r.getMessage()]
     assert (
@@ -185,7 +185,7 @@ def test_a_callback_hooked_inside_the_step_blocks_capture(make_cfg, caplog):
         enable_model_summary=False,
         callbacks=[GradientPeek()],
     )
-    with caplog.at_level(logging.WARNING, logger="pixelsmith.core.module"):
+    with caplog.at_level(logging.WARNING, logger="pixelsmith.core"):
         images = torch.zeros(32, 1, 32, 32, dtype=torch.uint8)
         trainer.fit(module, train_dataloaders=DataLoader(TensorDataset(images), batch_size=16))
     assert "GradientPeek run(s) code in on_before_backward / on_after_backward" in caplog.text

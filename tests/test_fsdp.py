@@ -87,7 +87,7 @@ def test_fsdp_matches_ddp_writes_plain_checkpoints_and_resumes_exactly(tmp_path)
     for opt in fsdp["optimizer_states"]:
         assert len(opt["state"]) > 0 and sorted(opt["state"]) == list(range(len(opt["state"])))
         assert all(type(t) is torch.Tensor for s in opt["state"].values() for t in s.values())
-    from pixelsmith.core.module import CoreSettings
+    from pixelsmith.core.config import CoreSettings
     from pixelsmith.run.build import build_model
 
     model = build_model(compose_config(CPU_DCGAN, tmp_path / "load"), CoreSettings())

@@ -16,7 +16,8 @@ from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 from benchmarks.plain_loop import build_plain_gan
-from pixelsmith.core.module import CoreSettings, _mix_seed
+from pixelsmith.core.config import CoreSettings
+from pixelsmith.core.module import _mix_seed
 from pixelsmith.core.optim import build_optimizer
 from pixelsmith.errors import PixelsmithError
 from pixelsmith.gan.objectives import (

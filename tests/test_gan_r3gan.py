@@ -223,7 +223,7 @@ def test_a_conditional_r3gan_learns_to_follow_its_labels():
     """Three classes of flat grey images (level 40 + 80k): after training, G's mean brightness follows the label."""
     from torch.utils.data import DataLoader, TensorDataset
 
-    from pixelsmith.core.module import CoreSettings
+    from pixelsmith.core.config import CoreSettings
     from pixelsmith.gan.module import GANModule
     from tests.test_gan_objectives import bare_trainer
 

@@ -84,7 +84,7 @@ def test_captured_iterations_train_like_eager_ones(tmp_path, caplog, precision, 
         "hardware.allow_tf32=false",
         "hardware.cudnn_benchmark=false",  # one algorithm per convolution in every run, not the fastest of a race
     ]
-    with caplog.at_level(logging.INFO, logger="pixelsmith.core.module"):
+    with caplog.at_level(logging.INFO, logger="pixelsmith.core"):
         graphed_metrics, graphed = _train(tmp_path, "graphed", *settings, "hardware.cuda_graphs=true")
     captured, replayed = _graph_counts(caplog.text)
     assert (captured, replayed) == (3, 7)
@@ -119,7 +119,7 @@ def test_a_captured_run_resumes_bit_exactly(tmp_path):
 
 
 def test_stylegan2_with_path_length_captures(tmp_path, caplog):
-    with caplog.at_level(logging.INFO, logger="pixelsmith.core.module"):
+    with caplog.at_level(logging.INFO, logger="pixelsmith.core"):
         metrics, _ = _train(
             tmp_path,
             "sg2",

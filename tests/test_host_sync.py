@@ -83,7 +83,7 @@ def test_a_host_decided_step_is_caught_and_named(make_cfg, tmp_path):
     with pytest.raises(HostSyncError) as err:
         run(make_cfg("hardware.optimizer_impl=foreach", "train.host_sync_check=error", "max_steps=4"))
     message = str(err.value)
-    assert "aten._local_scalar_dense" in message and "core/module.py" in message
+    assert "aten._local_scalar_dense" in message and "core/stepping.py" in message
     assert "train.host_sync_check=warn" in message
 
 

@@ -21,7 +21,8 @@ import types
 import pytest
 import torch
 
-from pixelsmith.core.module import BLOCK_RECOMPILE_LIMIT, TrainingCore, compile_units
+from pixelsmith.core.compile import BLOCK_RECOMPILE_LIMIT, compile_units
+from pixelsmith.core.module import TrainingCore
 from pixelsmith.core.startup import StartupReport, plan_label
 from pixelsmith.hardware.plan import compile_cache_dir, use_compile_cache
 from pixelsmith.run.fit import run

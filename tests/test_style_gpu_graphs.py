@@ -54,7 +54,7 @@ def test_captured_style_iterations_train_like_eager_ones(tmp_path, caplog, compi
         path = tmp_path / name / "checkpoints" / "last.ckpt"
         return metrics, torch.load(path, map_location="cpu", weights_only=True)
 
-    with caplog.at_level(logging.INFO, logger="pixelsmith.core.module"):
+    with caplog.at_level(logging.INFO, logger="pixelsmith.core"):
         graphed_metrics, graphed = train("graphed", "hardware.cuda_graphs=true")
     assert "hardware.cuda_graphs=true, but" not in caplog.text  # nothing blocked the capture
     assert _graph_counts(caplog.text) == (1, 13)

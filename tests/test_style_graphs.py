@@ -51,7 +51,7 @@ def test_graphed_style_iterations_equal_eager_ones_to_the_bit(tmp_path, caplog, 
     """5 iterations through the graphed path (uncaptured on CPU) equal 5 eager ones exactly: weights, Adam moments
     and step counts, the learning rate, the counters."""
     common = [f"precision={precision}", "max_steps=5"]
-    with caplog.at_level(logging.INFO, logger="pixelsmith.core.module"):
+    with caplog.at_level(logging.INFO, logger="pixelsmith.core"):
         graphed = _train(tmp_path, model, *common, "hardware.cuda_graphs=true", output="graphed")
     assert "no CUDA device, so nothing is captured" in caplog.text  # the graphed path ran ...
     assert "hardware.cuda_graphs=true, but" not in caplog.text  # ... and nothing blocked it

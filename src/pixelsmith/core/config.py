@@ -10,6 +10,7 @@ from typing import Any
 from omegaconf import MISSING
 
 from pixelsmith.config.choices import choice, values
+from pixelsmith.core.budget import TimeBudget
 
 
 class Precision(StrEnum):
@@ -149,3 +150,31 @@ def as_config(cls, value):
     if isinstance(value, cls):
         return value
     return cls(**dict(value))
+
+
+@dataclass
+class CoreSettings:
+    """Everything the core needs that is not model-specific; built by `pixelsmith.run.fit` from the run config."""
+
+    precision: str = "32-true"
+    accumulate: int = 1
+    max_steps: int = 1000
+    clip_grad_norm: float | None = None
+    nonfinite_max_consecutive: int = 20
+    schedule: ScheduleConfig = field(default_factory=ScheduleConfig)
+    channels_last: bool = False
+    compile: bool = False
+    compile_mode: str = "default"
+    compile_scope: str = "network"  # network | blocks (each block a network's compile_units() names)
+    cuda_graphs: bool = False  # hardware.cuda_graphs: the iteration replayed as CUDA graphs (core/graphs.py)
+    seed: int = 42
+    log_every_n_steps: int = 10
+    optimizer_impl: str = (
+        "foreach"  # Adam implementation: fused | foreach | for_loop | auto (hardware.optimizer_impl)
+    )
+    run_config: dict[str, Any] | None = None  # the resolved run config, stored in every checkpoint
+    # train.time_budget_minutes: training also ends at the first iteration past it (core/budget.py)
+    time_budget: TimeBudget = field(default_factory=TimeBudget)
+    # train.preemption.signals: these end the run after the current iteration with last.ckpt (core/preemption.py)
+    preemption_signals: tuple[str, ...] = ("SIGTERM", "SIGUSR1", "SIGUSR2")
+    preemption_check_every_n_steps: int | None = None  # None: at logging iterations

@@ -35,54 +35,25 @@ import lightning as L
 import torch
 from torch import nn
 from torch.distributed.fsdp import FSDPModule
-from torch.distributed.tensor import DTensor
 
-from pixelsmith.core.budget import TimeBudget
-from pixelsmith.core.config import EMAConfig, ScalarScheduleConfig, ScheduleConfig
+from pixelsmith.core.compile import compile_cache_dir, compile_networks, eager
+from pixelsmith.core.config import CoreSettings, EMAConfig
 from pixelsmith.core.ema import EMA
 from pixelsmith.core.fsdp import MultiNetworkFSDPStrategy
+from pixelsmith.core.graph_setup import CudaGraphSetup
 from pixelsmith.core.graphs import IterationGraphs
+from pixelsmith.core.guard import NonFiniteGuard
 from pixelsmith.core.host_reads import host_reads_allowed
 from pixelsmith.core.optim import build_optimizer, optimizer_factory
 from pixelsmith.core.precision import MixedPrecision
 from pixelsmith.core.preemption import PreemptionSignals, stop_message
-from pixelsmith.core.schedules import ScalarSchedule, build_scheduler
+from pixelsmith.core.scheduled_values import ScheduledValues, set_optimizer_value
+from pixelsmith.core.schedules import build_scheduler
 from pixelsmith.core.startup import StartupReport, compile_cache_note
+from pixelsmith.core.stepping import OptimizerStepper, average_buffers
 from pixelsmith.errors import PixelsmithError
 
 log = logging.getLogger(__name__)
-
-
-class NonFiniteError(PixelsmithError, RuntimeError):
-    """Raised after too many consecutive non-finite steps; checkpoints written before it are kept intact."""
-
-
-@dataclass
-class CoreSettings:
-    """Everything the core needs that is not model-specific; built by `pixelsmith.run.fit` from the run config."""
-
-    precision: str = "32-true"
-    accumulate: int = 1
-    max_steps: int = 1000
-    clip_grad_norm: float | None = None
-    nonfinite_max_consecutive: int = 20
-    schedule: ScheduleConfig = field(default_factory=ScheduleConfig)
-    channels_last: bool = False
-    compile: bool = False
-    compile_mode: str = "default"
-    compile_scope: str = "network"  # network | blocks (each block a network's compile_units() names)
-    cuda_graphs: bool = False  # hardware.cuda_graphs: the iteration replayed as CUDA graphs (core/graphs.py)
-    seed: int = 42
-    log_every_n_steps: int = 10
-    optimizer_impl: str = (
-        "foreach"  # Adam implementation: fused | foreach | for_loop | auto (hardware.optimizer_impl)
-    )
-    run_config: dict[str, Any] | None = None  # the resolved run config, stored in every checkpoint
-    # train.time_budget_minutes: training also ends at the first iteration past it (core/budget.py)
-    time_budget: TimeBudget = field(default_factory=TimeBudget)
-    # train.preemption.signals: these end the run after the current iteration with last.ckpt (core/preemption.py)
-    preemption_signals: tuple[str, ...] = ("SIGTERM", "SIGUSR1", "SIGUSR2")
-    preemption_check_every_n_steps: int | None = None  # None: at logging iterations
 
 
 @dataclass
@@ -126,20 +97,14 @@ class TrainingCore(L.LightningModule):
             raise ValueError(f"accumulate={core.accumulate} must be at least 1.")
         self.core = core
         self.iteration = 0
-        # The non-finite guard's device state (`_guard_state`): counters, consecutive skips per optimizer (a D that
-        # never steps while G does must still stop the run) and the trip point; filled lazily on the device.
-        self._guard: dict[str, torch.Tensor] | None = None
-        self._guard_names: list[str] = []
-        self._guard_from_host: dict[str, Any] | None = (
-            None  # from a checkpoint, until the device state exists
-        )
-        self._guard_reported = 0  # skipped steps already warned about
-        self._guard_checked_at = 0  # the iteration of the last check
-        self._host_synced_this_iteration = False
+        # The core's collaborators, each with its own state: the non-finite guard (core/guard.py), the optimizer
+        # stepping between loss_backward and step (core/stepping.py) and the scheduled hyper-parameters
+        # (core/scheduled_values.py). CUDA-graph set-up is core/graph_setup.py's, compile core/compile.py's.
+        self.guard = NonFiniteGuard(core.nonfinite_max_consecutive)
+        self.stepper = OptimizerStepper(core.accumulate, core.clip_grad_norm)
+        self.scheduled = ScheduledValues()
         self._optimizer_index: dict[str, int] = {}
         self._float_buffers: dict[str, list[torch.Tensor]] = {}
-        self._losses: dict[str, list[torch.Tensor]] = {}  # each optimizer's micro-batch losses since its step
-        self._backward_calls: dict[str, int] = {}  # loss_backward calls per optimizer since its last step
         self._precision: MixedPrecision | None = None
         self._pending_precision_state: dict | None = None
         self._phase_timer = None
@@ -162,12 +127,8 @@ class TrainingCore(L.LightningModule):
         self.inductor_cuda_graphs = False
         self._iteration_t: torch.Tensor | None = None
         self._images_seen_t: torch.Tensor | None = None
-        self._allreduces_this_iteration = 0
-        # model.schedules: hyper-parameters moved by the images seen (core/schedules.py), set at each iteration's
-        # start; `_lr_scale_and_betas_power` keeps each optimizer's lazy-regularisation scaling for them.
-        self._schedules: dict[str, ScalarSchedule] = {}
+        # Each optimizer's lazy-regularisation scaling (lr_scale, betas_power), applied to its scheduled values.
         self._lr_scale_and_betas_power: dict[str, tuple[float, float]] = {}
-        self._schedule_setters: dict[str, Callable[[float | torch.Tensor], None]] = {}
         # Where the start-up went (core/startup.py): compile per network, each plan's first run and capture.
         self.startup = StartupReport()
 
@@ -211,7 +172,7 @@ class TrainingCore(L.LightningModule):
             result = self._device_iteration(batch)
         else:
             captures = graphs.captures
-            result = graphs.run(plan, batch, self._device_iteration, reset=self._abandon_iteration)
+            result = graphs.run(plan, batch, self._device_iteration, reset=self.abandon_iteration)
             if graphs.captures > captures:
                 self.startup.plan_captured(plan, graphs.last_capture_s)
         if first_run:
@@ -222,7 +183,7 @@ class TrainingCore(L.LightningModule):
 
     def _device_iteration(self, batch: Any) -> IterationResult:
         """The model's iteration and the device half of its end (buffer sync, EMA): what a CUDA graph captures."""
-        self._allreduces_this_iteration = 0
+        self.stepper.allreduces = 0
         scheduled = self._apply_schedules()
         result = self.train_iteration(batch)
         if not isinstance(result, IterationResult):
@@ -230,7 +191,7 @@ class TrainingCore(L.LightningModule):
                 f"{type(self).__name__}.train_iteration returned {type(result).__name__}; return "
                 "IterationResult(images=<images this rank trained on>, logs={...})."
             )
-        unstepped = sorted(name for name, calls in self._backward_calls.items() if calls)
+        unstepped = self.stepper.unstepped()
         if unstepped:
             raise PixelsmithError(
                 f"{type(self).__name__}.train_iteration called loss_backward for optimizer(s) {unstepped} without "
@@ -249,15 +210,15 @@ class TrainingCore(L.LightningModule):
         if self._graphs is not None:
             self._images_seen_t.add_(images_per_iteration)
             self._iteration_t.add_(1)
-        result.grad_allreduce_calls = self._allreduces_this_iteration
+        result.grad_allreduce_calls = self.stepper.allreduces
         result.logs.update(scheduled)
         return result
 
-    def _abandon_iteration(self) -> None:
+    def abandon_iteration(self) -> None:
         """Forget the host state of an iteration that did not finish (a CUDA-graph capture that failed part-way),
-        so it can run again eagerly: pending backward counts and flags, unscaled-optimizer marks, gradients."""
-        self._backward_calls.clear()
-        self._losses.clear()
+        so it can run again eagerly: pending backward counts and losses, unscaled-optimizer marks, gradients. A model
+        with host state of its own for the iteration extends it (and calls this)."""
+        self.stepper.forget()
         scaler = self.mixed_precision.scaler
         if scaler is not None:
             from torch.amp.grad_scaler import _refresh_per_optimizer_state
@@ -301,64 +262,19 @@ class TrainingCore(L.LightningModule):
         """Schedule the hyper-parameters named in `schedules` (`model.schedules`: name -> ScalarScheduleConfig node).
         Called by a subclass once its networks, optimizers' definitions and objective exist; an unknown name fails
         here, at start-up, with the names this model takes."""
-        schedules = dict(schedules or {})
-        if not schedules:
-            return
-        targets = self.schedule_targets()
-        unknown = sorted(set(schedules) - set(targets))
-        if unknown:
-            raise PixelsmithError(
-                f"model.schedules names {unknown}, which this model ({type(self).__name__}) cannot schedule. It "
-                f"schedules: {', '.join(targets)}."
-            )
-        lr_keys = [key for key in schedules if key == "lr" or key.endswith("_lr")]
-        if lr_keys and self.core.schedule.name != "constant":
-            raise PixelsmithError(
-                f"model.schedules.{lr_keys[0]} and schedule={self.core.schedule.name} would both set the learning "
-                "rate: choose one (schedule=constant keeps the model's schedule alone)."
-            )
-        for name, node in schedules.items():
-            self._schedules[name] = ScalarSchedule.from_config(_schedule_config(name, node), name)
-        self._schedule_setters = {name: targets[name] for name in self._schedules}
+        self.scheduled.add(schedules, self.schedule_targets(), type(self).__name__, self.core.schedule.name)
 
     def _apply_schedules(self) -> dict[str, Any]:
-        """Write every scheduled value for the coming iteration, read at the images seen before it (as R3GAN's
-        training loop): on the host from its exact count in an eager run (no device read), on the device from the
-        device's count under `hardware.cuda_graphs` (the replay computes it). Returns them for the logs."""
-        if not self._schedules:
+        """Write every scheduled value for the coming iteration (core/scheduled_values.py): from the host's count in
+        an eager run, from the device's under `hardware.cuda_graphs`. Returns them for the logs."""
+        if not self.scheduled:
             return {}
-        count = self._images_seen_t if self._graphs is not None else self.images_seen
-        values = {}
-        for name, schedule in self._schedules.items():
-            value = schedule.value(count)
-            self._schedule_setters[name](value)
-            values[f"schedule/{name}"] = value
-        return values
+        return self.scheduled.apply(self._images_seen_t if self._graphs is not None else self.images_seen)
 
     def _set_optimizer_value(self, names: list[str], key: str, value: float | torch.Tensor) -> None:
         for name in names:
-            lr_scale, betas_power = self._lr_scale_and_betas_power.get(name, (1.0, 1.0))
-            for group in self._raw_optimizer(name).param_groups:
-                if key == "lr":
-                    scaled = value * lr_scale
-                    if torch.is_tensor(group["lr"]):
-                        group["lr"].copy_(scaled)
-                    else:
-                        group["lr"] = float(scaled)
-                    continue
-                index = 0 if key == "beta1" else 1
-                if "betas" not in group:
-                    raise PixelsmithError(
-                        f"model.schedules.{key}: optimizer {name} ({type(self._raw_optimizer(name)).__name__}) has "
-                        "no betas to schedule."
-                    )
-                powered = value**betas_power
-                betas = list(group["betas"])
-                if torch.is_tensor(betas[index]):
-                    betas[index].copy_(powered)
-                else:
-                    betas[index] = float(powered)
-                group["betas"] = tuple(betas)
+            scaling = self._lr_scale_and_betas_power.get(name, (1.0, 1.0))
+            set_optimizer_value(self._raw_optimizer(name), name, key, value, scaling)
 
     def _set_ema_half_life(self, value: float | torch.Tensor) -> None:
         for _, ema, _ in self._ema_pairs:
@@ -402,25 +318,15 @@ class TrainingCore(L.LightningModule):
         if self.core.compile and compiled:
             self.startup.install()
             if self.global_rank == 0:
-                log.info("%s", compile_cache_note(_compile_cache_dir(), compiled))
-        for name, net in self.networks().items():
+                log.info("%s", compile_cache_note(compile_cache_dir(), compiled))
+        for net in self.networks().values():
             if self.core.channels_last and self._fsdp is None:
                 net.to(memory_format=torch.channels_last)
-            if self.core.compile and name in compiled:
-                # nn.Module.compile compiles in place: state_dict keys keep their names (no `_orig_mod.`).
-                mode = _compile_mode_under_graphs(self.core.compile_mode, self.core.cuda_graphs)
-                self.inductor_cuda_graphs = mode in INDUCTOR_CUDA_GRAPH_MODES
-                units = compile_units(net, self.core.compile_scope)
-                log.info(
-                    "Compiling %s (mode=%s, %s)",
-                    name,
-                    mode,
-                    "whole" if units == [net] else f"{len(units)} blocks, each its own graph",
-                )
-                # dynamic=False: a batch of another size (the path-length batch, an evaluation) is a static graph of
-                # its own, never a dynamic-shape graph that every later iteration would run slower.
-                for unit in units:
-                    unit.compile(mode=mode, dynamic=False)
+        if self.core.compile and compiled:
+            core = self.core
+            self.inductor_cuda_graphs = compile_networks(
+                self.networks(), compiled, core.compile_mode, core.cuda_graphs, core.compile_scope
+            )
         if self._fsdp is not None:
             # After compile, as torchtitan does (compile per block, then fully_shard).
             self._fsdp.shard_networks(self)
@@ -537,8 +443,7 @@ class TrainingCore(L.LightningModule):
         """Backward of one micro-batch's mean loss for optimizer `name`; gradients average over micro-batches."""
         # Kept, not checked here: `step` folds the losses into the gradient norm's finite check (one check an
         # optimizer step, not a chain of scalar kernels a micro-batch).
-        self._losses.setdefault(name, []).append(loss.detach())
-        calls = self._backward_calls[name] = self._backward_calls.get(name, 0) + 1
+        calls = self.stepper.backward_done(name, loss)
         if self._fsdp is not None:
             # FSDP2 reduce-scatters inside backward: only on the last micro-batch, the earlier ones accumulate
             # locally (the DDP path communicates in `step` and needs no switch).
@@ -549,173 +454,35 @@ class TrainingCore(L.LightningModule):
         scaled = loss if self.core.accumulate == 1 else loss / self.core.accumulate
         self.manual_backward(self.mixed_precision.scale(scaled))
 
-    def _params_of(self, opt: torch.optim.Optimizer) -> Iterator[nn.Parameter]:
-        for group in opt.param_groups:
-            yield from group["params"]
-
-    def _all_reduce_gradients(self, params: list[nn.Parameter], loss_flag: torch.Tensor) -> torch.Tensor:
-        """Average gradients (and OR the non-finite loss flags) across ranks in one flat all-reduce."""
-        world = self.trainer.world_size if self._trainer is not None else 1
-        if world <= 1:
-            return loss_flag
-        # FSDP2 has already averaged the gradients of sharded (DTensor) parameters in backward; only the flag
-        # (and any parameter outside the sharded networks) is reduced here.
-        params = [p for p in params if not isinstance(p, DTensor)]
-        grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in params]
-        flat = torch.cat([g.reshape(-1).float() for g in grads] + [loss_flag.reshape(1).float()])
-        torch.distributed.all_reduce(flat)
-        self._allreduces_this_iteration += 1
-        flat.div_(world)
-        offset = 0
-        for p, g in zip(params, grads, strict=True):
-            n = g.numel()
-            p.grad = flat[offset : offset + n].view_as(g).to(g.dtype)
-            offset += n
-        return flat[-1] * world
-
     def _sync_buffers(self) -> None:
         """Average floating buffers (BatchNorm statistics, StyleGAN's w_avg) of the trained networks once per
         iteration: without a DDP wrapper nobody broadcasts them, and ranks would drift apart (EMA copies them)."""
-        if self.world_size <= 1:
-            return
         buffers = [b for group in self._float_buffers.values() for b in group]
-        if not buffers:
-            return
-        flat = torch.cat([b.reshape(-1).float() for b in buffers])
-        torch.distributed.all_reduce(flat)
-        flat.div_(self.world_size)
-        offset = 0
-        for b in buffers:
-            b.copy_(flat[offset : offset + b.numel()].view_as(b))
-            offset += b.numel()
+        if self.world_size > 1 and buffers:
+            average_buffers(buffers, self.world_size)
 
     def step(self, name: str) -> torch.Tensor:
-        """All-reduce, unscale, check, clip and apply optimizer `name`.
-
-        Returns a device bool tensor, True where the step was applied. With fused Adam (every hardware profile) the
-        whole step stays on the device: the skip decision reaches the fused kernel as its `found_inf`, which leaves
-        the weights, moments and step count as they were, and the guard's counters are device tensors read only at
-        logging iterations (`_check_guard`). Other Adam implementations need the host to decide (one sync a step).
-        """
-        opt = self._raw_optimizer(name)
-        params = [p for p in self._params_of(opt) if p.requires_grad]
-        calls = self._backward_calls.pop(name, 0)
-        if self._fsdp is not None and 0 < calls < self.core.accumulate:
-            raise PixelsmithError(
-                f"Optimizer {name} stepped after {calls} loss_backward call(s) with accumulate="
-                f"{self.core.accumulate}: under strategy=fsdp gradients are synchronised on the accumulate-th "
-                "call, so call self.loss_backward(loss, name) once per micro-batch (see self.micro_batches)."
-            )
-        losses = self._losses.pop(name, [])
-        # Non-finite exactly where one of the losses is (a sum of finite losses stays finite).
-        loss_term = losses[0] if len(losses) == 1 else sum(losses[1:], losses[0]) if losses else None
-        if self.world_size > 1:
-            flag = (
-                _nonfinite(loss_term).float()
-                if loss_term is not None
-                else torch.zeros((), device=self.device)
-            )
-            flag = self._all_reduce_gradients(params, flag)  # every rank's flags, so all skip alike
-            loss_term = torch.where(flag > 0, float("nan"), 0.0)
-        scaler = self.mixed_precision.scaler
-        if scaler is not None:
-            scaler.unscale_(opt)  # after the all-reduce, so every rank sees the same inf/NaN and skips alike
-        with_grad = [p for p in params if p.grad is not None]
-        grads = [p.grad for p in with_grad]
-        norm = _global_norm(grads) if grads else torch.zeros((), device=self.device)
-        amp_overflow = None
-        if scaler is not None:
-            # The guard tells an fp16 overflow (finite loss, non-finite gradients) from a guard event.
-            grads_bad = _nonfinite(norm)
-            loss_bad = _nonfinite(loss_term) if loss_term is not None else torch.zeros_like(grads_bad)
-            skip = loss_bad | grads_bad
-            amp_overflow = grads_bad & ~loss_bad
-        else:
-            # One check for losses and gradients: the sum is non-finite exactly where either is (a finite norm is far
-            # below float32's range: its squares would have overflowed first).
-            skip = _nonfinite(norm if loss_term is None else norm + loss_term)
-        if self.core.clip_grad_norm is not None and grads:
-            # Unscaled gradients here whatever the precision (Lightning #18089 clips scaled ones). A non-finite
-            # norm is replaced so the clip stays finite; that step is skipped below anyway.
-            safe_norm = torch.nan_to_num(norm, nan=0.0, posinf=0.0)
-            torch.nn.utils.clip_grads_with_norm_(with_grad, self.core.clip_grad_norm, safe_norm)
-        if opt.defaults.get("fused"):
-            # The fused kernel skips the update where found_inf is non-zero and takes back its step-count increment.
-            opt.found_inf = skip.float()
-            opt.grad_scale = None  # the gradients are unscaled already
-            try:
-                opt.step()
-            finally:
-                opt.found_inf = None
-        elif not bool(skip):  # the host decides: the one synchronisation of a non-fused step
-            opt.step()
-        if scaler is not None:
-            # update() reads the inf checks unscale_ recorded: an fp16 overflow halves the scale, a good step counts
-            # towards growing it. A non-finite loss with finite gradients is a guard event, not an overflow.
-            scaler.update()
-        self._record_guard(name, skip, amp_overflow)
-        opt.zero_grad(set_to_none=True)
-        self._last_grad_norm = {**getattr(self, "_last_grad_norm", {}), name: norm.detach()}
-        self._host_synced_this_iteration |= not opt.defaults.get("fused")
-        return ~skip
+        """All-reduce, unscale, check, clip and apply optimizer `name` (core/stepping.py); the outcome goes to the
+        non-finite guard. Returns a device bool tensor, True where the step was applied: with fused Adam (every
+        hardware profile) the whole step stays on the device."""
+        return self.stepper.step(
+            name,
+            self._raw_optimizer(name),
+            self.mixed_precision.scaler,
+            self.world_size,
+            self.device,
+            self._fsdp is not None,
+            self._record_guard,
+        )
 
     # ---- the non-finite guard, on the device -------------------------------------------------------------------
     def _guard_state(self) -> dict[str, torch.Tensor]:
-        """Device counters: [guard events, fp16 overflows], consecutive skips per optimizer, and per optimizer the
-        iteration at which its streak last reached `nonfinite_max_consecutive` (-1 while it has not)."""
-        if self._guard is not None and self._guard["counts"].device != self.device:
-            self._guard = {key: value.to(self.device) for key, value in self._guard.items()}
-        if self._guard is None:
-            state = self._guard_from_host or {}
-            names = list(self._optimizer_index) or list(state.get("streaks", {}))
-            streaks = state.get("streaks", {})
-            self._guard = {
-                "counts": torch.tensor(
-                    [state.get("nonfinite_skipped", 0), state.get("amp_overflow_skipped", 0)],
-                    dtype=torch.long,
-                    device=self.device,
-                ),
-                # Below the limit (a resume may lower it): such a streak trips at its next skip, where it reaches the limit.
-                "streaks": torch.tensor(
-                    [
-                        min(streaks.get(n, 0), (self.core.nonfinite_max_consecutive or 2**62) - 1)
-                        for n in names
-                    ],
-                    dtype=torch.long,
-                    device=self.device,
-                ),
-                "trips": torch.full((len(names),), -1, dtype=torch.long, device=self.device),
-            }
-            self._guard_names = names
-            self._guard_from_host = None
-        return self._guard
+        return self.guard.state(self.device, list(self._optimizer_index))
 
     def _record_guard(self, name: str, skip: torch.Tensor, amp_overflow: torch.Tensor | None) -> None:
-        guard = self._guard_state()
-        if (
-            name not in self._guard_names
-        ):  # state built before this optimizer was known (e.g. read before fit)
-            self._guard_names.append(name)
-            guard["streaks"] = torch.cat([guard["streaks"], guard["streaks"].new_zeros(1)])
-            guard["trips"] = torch.cat([guard["trips"], guard["trips"].new_full((1,), -1)])
-        index = self._guard_names.index(name)
-        # A handful of in-place kernels on views of the counters, whatever the number of parameters. An fp16 overflow
-        # is the scaler doing its job (it halves the scale and retries); a non-finite loss, or NaN gradients without
-        # a scaler, is a guard event. Both extend the streak: K skips in a row mean the scale has fallen by 2^K and
-        # the gradients are NaN for another reason.
-        if amp_overflow is None:
-            guard["counts"][0].add_(skip)
-        else:
-            guard["counts"].add_(torch.stack([skip & ~amp_overflow, amp_overflow]))
-        streak = guard["streaks"][index]
-        streak.add_(1).mul_(skip)
-        limit = self.core.nonfinite_max_consecutive
-        if limit:
-            trip = guard["trips"][index]
-            # A replayed graph cannot read self.iteration: there the device's own counter says which iteration.
-            # Python scalars reach the kernels as arguments: no host-to-device copy (which would wait on CUDA).
-            iteration = self._iteration_t if self._graphs is not None else self.iteration
-            trip.copy_(torch.where(streak == limit, iteration, trip))
+        # A replayed graph cannot read self.iteration: there the device's own counter says which iteration.
+        iteration = self._iteration_t if self._graphs is not None else self.iteration
+        self.guard.record(self._guard_state(), name, skip, amp_overflow, iteration)
 
     @property
     def nonfinite_skipped(self) -> int:
@@ -727,49 +494,9 @@ class TrainingCore(L.LightningModule):
         """Steps the fp16 GradScaler skipped for overflowed gradients; reads the device."""
         return int(self._guard_state()["counts"][1])
 
-    def _guard_host_state(self) -> dict[str, Any]:
-        guard = self._guard_state()
-        counts = guard["counts"].tolist()
-        return {
-            "nonfinite_skipped": counts[0],
-            "amp_overflow_skipped": counts[1],
-            "streaks": dict(zip(self._guard_names, guard["streaks"].tolist(), strict=True)),
-        }
-
     def _check_guard(self) -> None:
-        """Read the guard's device state (a synchronisation): warn about steps skipped since the last check, and stop
-        the run if a streak reached the limit. Called at logging iterations, at the last one, and every iteration in
-        which a non-fused optimizer made the host wait anyway."""
-        guard = self._guard_state()
-        counts = guard["counts"].tolist()
-        trips = guard["trips"].tolist()
-        tripped = [(iteration, index) for index, iteration in enumerate(trips) if iteration >= 0]
-        trip_iteration, trip_index = min(tripped) if tripped else (-1, -1)
-        new_skips = sum(counts) - self._guard_reported
-        if new_skips > 0:
-            log.warning(
-                "Iterations %d-%d: %d optimizer step(s) skipped for non-finite losses or gradients (%d so far: %d "
-                "guard events, %d fp16 overflows).",
-                self._guard_checked_at + 1,
-                self.iteration,
-                new_skips,
-                sum(counts),
-                counts[0],
-                counts[1],
-            )
-            self._guard_reported = sum(counts)
-        self._guard_checked_at = self.iteration
-        if trip_iteration < 0:
-            return
-        limit = self.core.nonfinite_max_consecutive
-        worst = self._guard_names[trip_index]
-        raise NonFiniteError(
-            f"Stopped at iteration {self.iteration}: {limit} consecutive steps of optimizer {worst} had non-finite "
-            f"losses or gradients (fp16 overflows included), the last at iteration {trip_iteration}; skipped steps "
-            "leave the weights unchanged. The last checkpoint written before this is intact. Usual fixes: a lower "
-            "learning rate, train.clip_grad_norm=1.0, precision=32-true to rule out overflow, or a look at the data "
-            "for NaNs. The limit is train.nonfinite_max_consecutive."
-        )
+        """Read the guard (a synchronisation): warn about skipped steps, stop the run at a streak's limit."""
+        self.guard.check(self._guard_state(), self.iteration)
 
     def world_all_reduce(self, tensor: torch.Tensor, op: str = "sum") -> torch.Tensor:
         """Reduce a tensor over ranks in place, "sum" or "max" (identity on one process); for augmentation
@@ -803,9 +530,7 @@ class TrainingCore(L.LightningModule):
         self.iteration += 1
         constant_rate = self._graphs is not None and self.core.schedule.name == "constant"
         for name, sched in zip(self._optimizer_index, self._schedulers(), strict=True):
-            if (
-                "lr" not in self._schedules and f"{name}_lr" not in self._schedules
-            ):  # else model.schedules sets it
+            if not self.scheduled.sets_learning_rate(name):  # else model.schedules sets it
                 if constant_rate:
                     # The rate never moves: a step would refill the graphed run's learning-rate tensor with its own
                     # value (kernels every iteration); the count alone advances, as in a stepped scheduler.
@@ -840,10 +565,10 @@ class TrainingCore(L.LightningModule):
                 # ~0.4 ms of Lightning bookkeeping (docs/performance.md, "Template overhead").
                 self._log_iteration(self._pending_logs)
                 self._pending_logs = {}
-            if logging or last or self._host_synced_this_iteration:
+            if logging or last or self.stepper.host_synced:
                 # Reading the guard makes the host wait for the device: only where the iteration waits anyway.
                 self._check_guard()
-        self._host_synced_this_iteration = False
+        self.stepper.host_synced = False
         if self.preempted_by is not None:
             log.warning("%s", stop_message(self.preempted_by, iteration))
         elif last and iteration < self.core.max_steps:
@@ -893,7 +618,7 @@ class TrainingCore(L.LightningModule):
             metrics["amp/scale"] = float(self.mixed_precision.scaler.get_scale())
         for name in self._optimizer_index:
             metrics[f"lr/{name}"] = self._raw_optimizer(name).param_groups[0]["lr"]
-        for name, norm in getattr(self, "_last_grad_norm", {}).items():
+        for name, norm in self.stepper.last_grad_norm.items():
             metrics[f"grad_norm/{name}"] = norm
         self.log_dict(metrics, on_step=True, on_epoch=False, prog_bar=False)
 
@@ -928,88 +653,14 @@ class TrainingCore(L.LightningModule):
 
     # ---- hardware.cuda_graphs ------------------------------------------------------------------------------------
     def cuda_graph_blockers(self) -> list[str]:
-        """Why this run cannot replay its iterations as CUDA graphs (empty: it can). CPU is no blocker: there the
-        graphed iteration's code runs uncaptured."""
-        reasons = []
-        if not self.supports_cuda_graphs:
-            reasons.append(f"{type(self).__name__} declares no iteration plan (supports_cuda_graphs = False)")
-        if self._fsdp is not None:
-            reasons.append("strategy=fsdp gathers and frees weights inside the iteration")
-        if self._phase_timer is not None:
-            reasons.append("a profiler (profiler=breakdown|torch) times the phases on the host")
-        unfused = [
-            name for name in self._optimizer_index if not self._raw_optimizer(name).defaults.get("fused")
-        ]
-        if unfused:
-            reasons.append(
-                f"optimizer(s) {unfused} are not fused (hardware.optimizer_impl=fused): the host decides their "
-                "skipped steps"
-            )
-        hooked = [
-            type(obj).__name__
-            for obj, base in [(self, L.LightningModule), *((c, L.Callback) for c in self.trainer.callbacks)]
-            for hook in _HOOKS_INSIDE_THE_STEP
-            if getattr(type(obj), hook) is not getattr(base, hook)
-        ]
-        if hooked:
-            reasons.append(
-                f"{', '.join(sorted(set(hooked)))} run(s) code in {' / '.join(_HOOKS_INSIDE_THE_STEP)}, which a "
-                "replayed graph would skip"
-            )
-        return reasons
+        """Why this run cannot replay its iterations as CUDA graphs (empty: it can; core/graph_setup.py)."""
+        return CudaGraphSetup(self).blockers()
 
     def _setup_cuda_graphs(self) -> None:
-        """Called at the start of training with `hardware.cuda_graphs`: decide once whether the iteration can be
-        replayed as CUDA graphs, say so when it cannot, and move what the host changes between iterations (the
-        learning rates, the iteration number, the images seen) into device tensors the graphs read."""
-        self._graphs = None
-        if self.core.cuda_graphs:
-            blockers = self.cuda_graph_blockers()
-            if blockers:
-                log.warning(
-                    "hardware.cuda_graphs=true, but this run launches its kernels eagerly: %s. Set "
-                    "hardware.cuda_graphs=false to silence this.",
-                    "; ".join(blockers),
-                )
-            else:
-                capture = self.device.type == "cuda"
-                if not capture:
-                    log.info(
-                        "hardware.cuda_graphs: no CUDA device, so nothing is captured; the graphed iteration's code "
-                        "runs uncaptured (static batch buffer, learning rates and counters on the device)."
-                    )
-                self._graphs = IterationGraphs(capture=capture)
-        graphed = self._graphs is not None
-        for name in self._optimizer_index:
-            for group in self._raw_optimizer(name).param_groups:
-                # A graph reads the learning rate from a tensor the schedule fills (a float would be baked into it);
-                # an eager run keeps floats (a checkpoint of a graphed run may bring tensors along). CUDA's fused Adam
-                # computes in float32 and CPU's in float64, so each device's tensor dtype gives the float's update
-                # (float32 on an Apple GPU too: MPS has no float64).
-                lr = group["lr"]
-                with host_reads_allowed():
-                    value = float(lr) if torch.is_tensor(lr) else lr
-                dtype = torch.float64 if self.device.type == "cpu" else torch.float32
-                group["lr"] = torch.full((), value, dtype=dtype, device=self.device) if graphed else value
-                if "capturable" in group:
-                    group["capturable"] = graphed and self._graphs.capture
-                if "betas" in group and any(
-                    key.startswith("beta") or "_beta" in key for key in self._schedules
-                ):
-                    # Scheduled betas are written inside the replay too: device tensors there, floats otherwise.
-                    with host_reads_allowed():
-                        betas = [float(b) if torch.is_tensor(b) else b for b in group["betas"]]
-                    group["betas"] = tuple(
-                        torch.full((), b, dtype=dtype, device=self.device) if graphed else b for b in betas
-                    )
-                    if graphed and self._graphs.capture and group.get("fused"):
-                        # CUDA's fused Adam takes its betas as host floats (`_fused_adam_` has a tensor-lr overload
-                        # only): a capture would bake the first value in. Capturable foreach Adam reads tensors.
-                        group["fused"], group["foreach"] = False, True
-                        log.info(
-                            "Scheduled betas under CUDA graphs: optimizer %s steps with foreach Adam.", name
-                        )
-        if graphed:
+        """At the start of training: the run's CUDA graphs (None: eager), its learning rates and scheduled betas as
+        device tensors the graphs read, and the iteration number and images seen on the device."""
+        self._graphs = CudaGraphSetup(self).start(self.core.cuda_graphs)
+        if self._graphs is not None:
             self._iteration_t = torch.full((), self.iteration, dtype=torch.long, device=self.device)
             self._images_seen_t = torch.full((), self.images_seen, dtype=torch.long, device=self.device)
 
@@ -1038,7 +689,7 @@ class TrainingCore(L.LightningModule):
         checkpoint["pixelsmith"] = {
             "iteration": self.iteration,
             "images_seen": self.images_seen,
-            "nonfinite_skipped": (guard := self._guard_host_state())["nonfinite_skipped"],
+            "nonfinite_skipped": (guard := self.guard.host_state(self._guard_state()))["nonfinite_skipped"],
             "amp_overflow_skipped": guard["amp_overflow_skipped"],
             "nonfinite_streaks": guard["streaks"],
             "grad_scaler": self.mixed_precision.state_dict(),
@@ -1060,112 +711,16 @@ class TrainingCore(L.LightningModule):
         self.images_seen = int(state["images_seen"])
         # The run's total, restored on rank 0 only: the logged metric sums the ranks' counts.
         self.skipped_files = int(state.get("skipped_files", 0)) if self.global_rank == 0 else 0
-        self._guard_from_host = {
-            "nonfinite_skipped": int(state["nonfinite_skipped"]),
-            "amp_overflow_skipped": int(state["amp_overflow_skipped"]),
-            "streaks": {k: int(v) for k, v in state.get("nonfinite_streaks", {}).items()},
-        }
-        self._guard = None
-        self._guard_reported = (
-            self._guard_from_host["nonfinite_skipped"] + self._guard_from_host["amp_overflow_skipped"]
+        self.guard.load_host_state(
+            {
+                "nonfinite_skipped": int(state["nonfinite_skipped"]),
+                "amp_overflow_skipped": int(state["amp_overflow_skipped"]),
+                "streaks": {k: int(v) for k, v in state.get("nonfinite_streaks", {}).items()},
+            },
+            self.iteration,
         )
-        self._guard_checked_at = self.iteration
         self._pending_precision_state = state.get("grad_scaler") or None
         self._precision = None
-
-
-def _schedule_config(name: str, node: Any) -> ScalarScheduleConfig:
-    if isinstance(node, ScalarScheduleConfig):
-        return node
-    fields = [f for f in ScalarScheduleConfig.__dataclass_fields__]
-    given = dict(node) if hasattr(node, "keys") else None
-    unknown = sorted(set(given or {}) - set(fields)) if given is not None else []
-    if given is None or unknown or "start" not in given:
-        raise PixelsmithError(
-            f"model.schedules.{name}={node!r} is not a schedule"
-            f"{': unknown keys ' + str(unknown) if unknown else ''}. It takes {', '.join(fields)} (start required), "
-            f"e.g. +model.schedules.{name}={{start: 2e-4, final: 5e-5, shape: cosine, horizon_kimg: 20000}}."
-        )
-    return ScalarScheduleConfig(**given)
-
-
-BLOCK_RECOMPILE_LIMIT = 128
-
-
-def compile_units(network: nn.Module, scope: str) -> list[nn.Module]:
-    """What to compile of `network`: itself (scope network, or a network that names no blocks), or the blocks its
-    `compile_units()` names (scope blocks). Blocks of one class at several resolutions are graphs of their own
-    under one code object: Dynamo's recompile limit is raised to hold them all (else the rest would run eagerly)."""
-    named = getattr(network, "compile_units", None)
-    if scope == "network" or not callable(named):
-        return [network]
-    units = list(named())
-    # Blocks share code objects (one class's forward, or a decorator's wrapper across classes, in G and D alike), and
-    # each block compiles twice (trained, and frozen under the other network's phase): far beyond the limit of 8.
-    torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, BLOCK_RECOMPILE_LIMIT)
-    return units
-
-
-def _compile_cache_dir() -> str:
-    from torch._inductor.runtime.cache_dir_utils import cache_dir
-
-    return cache_dir()
-
-
-# torch.compile's modes that capture CUDA graphs of their own (cudagraph trees).
-INDUCTOR_CUDA_GRAPH_MODES = ("reduce-overhead", "max-autotune")
-
-# Lightning calls these from inside `manual_backward`, i.e. inside a captured iteration: a replay would skip them.
-_HOOKS_INSIDE_THE_STEP = ("on_before_backward", "on_after_backward")
-
-
-def _compile_mode_under_graphs(mode: str, cuda_graphs: bool) -> str:
-    """The compile mode to use: under hardware.cuda_graphs the whole iteration is one graph already, and
-    reduce-overhead / max-autotune's own CUDA graphs inside it cannot be captured again."""
-    replacement = dict(zip(INDUCTOR_CUDA_GRAPH_MODES, ("default", "max-autotune-no-cudagraphs"), strict=True))
-    if not cuda_graphs or mode not in replacement:
-        return mode
-    log.info(
-        "hardware.cuda_graphs captures the whole iteration: compile_mode=%s runs as %s (its own CUDA graphs "
-        "cannot sit inside ours).",
-        mode,
-        replacement[mode],
-    )
-    return replacement[mode]
-
-
-@contextmanager
-def eager(*modules: nn.Module) -> Iterator[None]:
-    """Run modules compiled with `nn.Module.compile` uncompiled inside the block (their compiled code is kept for
-    after). Only the modules' own compiled entry points are switched off: a compiled sub-module keeps compiling."""
-    switched = [
-        (m, m._compiled_call_impl)
-        for module in modules
-        for m in module.modules()
-        if getattr(m, "_compiled_call_impl", None) is not None
-    ]
-    for m, _ in switched:
-        m._compiled_call_impl = None
-    try:
-        yield
-    finally:
-        for m, compiled in switched:
-            m._compiled_call_impl = compiled
-
-
-def _nonfinite(value: torch.Tensor) -> torch.Tensor:
-    """True where `value` is inf or NaN, in two kernels (`torch.isfinite` is four): x * 0 is 0 exactly for finite x."""
-    return value.mul(0).ne(0)
-
-
-def _global_norm(grads: list[torch.Tensor]) -> torch.Tensor:
-    """L2 norm over all gradients as one vector. Sharded (DTensor) gradients give the norm over every rank's
-    shard (DTensor reduces the partial norms), so clipping and the finite check agree on all ranks."""
-    sharded = [g for g in grads if isinstance(g, DTensor)]
-    plain = [g for g in grads if not isinstance(g, DTensor)]
-    norms = [torch.nn.utils.get_total_norm(group) for group in (sharded, plain) if group]
-    norms = [n.full_tensor() if isinstance(n, DTensor) else n for n in norms]
-    return norms[0] if len(norms) == 1 else torch.nn.utils.get_total_norm(norms)
 
 
 def count_parameters(modules: Iterable[nn.Module]) -> int:

@@ -23,8 +23,8 @@ from hydra.utils import get_class, instantiate
 from torch import nn
 from torchvision.utils import make_grid
 
-from pixelsmith.core.config import EMAConfig, OptimizerConfig, as_config
-from pixelsmith.core.module import CoreSettings, IterationResult, OptimizerDefinition, TrainingCore
+from pixelsmith.core.config import CoreSettings, EMAConfig, OptimizerConfig, as_config
+from pixelsmith.core.module import IterationResult, OptimizerDefinition, TrainingCore
 from pixelsmith.errors import PixelsmithError
 from pixelsmith.gan.objectives import GANBatch, GANObjective, Phase
 
@@ -267,8 +267,8 @@ class GANModule(TrainingCore):
                 )
         return IterationResult(self.objective.images_per_iteration(reals.shape[0]), logs)
 
-    def _abandon_iteration(self) -> None:
-        super()._abandon_iteration()
+    def abandon_iteration(self) -> None:
+        super().abandon_iteration()
         if self.augment is not None:
             self.augment.discard_pending()
 

@@ -15,8 +15,7 @@ from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
 from pixelsmith.core.budget import TimeBudget
-from pixelsmith.core.config import ScheduleConfig
-from pixelsmith.core.module import CoreSettings
+from pixelsmith.core.config import CoreSettings, ScheduleConfig
 from pixelsmith.errors import PixelsmithError
 from pixelsmith.hardware.plan import RuntimePlan, resolve_plan
 

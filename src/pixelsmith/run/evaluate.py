@@ -17,7 +17,7 @@ from hydra.utils import get_class
 from omegaconf import DictConfig, OmegaConf
 
 from pixelsmith.callbacks.evaluation import build_gan_metric, generate_into
-from pixelsmith.core.module import CoreSettings
+from pixelsmith.core.config import CoreSettings
 from pixelsmith.errors import PixelsmithError
 from pixelsmith.hardware.plan import apply_plan
 from pixelsmith.run.build import build_datamodule, build_model, build_plan

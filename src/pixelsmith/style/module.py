@@ -30,8 +30,8 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torchvision.utils import make_grid
 
-from pixelsmith.core.config import OptimizerConfig, as_config
-from pixelsmith.core.module import CoreSettings, IterationResult, OptimizerDefinition, TrainingCore
+from pixelsmith.core.config import CoreSettings, OptimizerConfig, as_config
+from pixelsmith.core.module import IterationResult, OptimizerDefinition, TrainingCore
 from pixelsmith.errors import PixelsmithError
 from pixelsmith.metrics.gram import gram_matrix
 from pixelsmith.style.config import (

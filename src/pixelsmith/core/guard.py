@@ -1,0 +1,140 @@
+"""The non-finite guard: counts optimizer steps skipped for non-finite losses or gradients, and stops a run whose
+optimizer keeps skipping.
+
+Its state lives on the device (a replayed CUDA graph updates it with no host in the loop):
+- `counts`: [guard events, fp16 overflows] over the run;
+- `streaks`: consecutive skips per optimizer (a D that never steps while G does must still stop the run);
+- `trips`: per optimizer, the iteration at which its streak last reached the limit (-1 while it has not).
+
+`record` is a handful of in-place kernels on views of those tensors, whatever the number of parameters. The host
+reads them only in `check` (a synchronisation), which the core calls at logging iterations, at the last one, before
+a checkpoint, and in an iteration that already waited for the device.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import torch
+
+from pixelsmith.errors import PixelsmithError
+
+log = logging.getLogger(__name__)
+
+
+class NonFiniteError(PixelsmithError, RuntimeError):
+    """Raised after too many consecutive non-finite steps; checkpoints written before it are kept intact."""
+
+
+class NonFiniteGuard:
+    def __init__(self, max_consecutive: int):
+        self.max_consecutive = max_consecutive  # 0: never stop
+        self._state: dict[str, torch.Tensor] | None = None
+        self.names: list[str] = []  # optimizer names, in the order of `streaks` and `trips`
+        self._from_host: dict[str, Any] | None = None  # from a checkpoint, until the device state exists
+        self._reported = 0  # skipped steps already warned about
+        self._checked_at = 0  # the iteration of the last check
+
+    def state(self, device: torch.device, names: list[str]) -> dict[str, torch.Tensor]:
+        """The device state, made on first use (from a checkpoint's counts where one was loaded) and moved with the
+        model. `names`: the optimizers known now (empty before the optimizers exist)."""
+        if self._state is not None and self._state["counts"].device != device:
+            self._state = {key: value.to(device) for key, value in self._state.items()}
+        if self._state is None:
+            host = self._from_host or {}
+            streaks = host.get("streaks", {})
+            names = list(names) or list(streaks)
+            # Below the limit (a resume may lower it): such a streak trips at its next skip, where it reaches the limit.
+            ceiling = (self.max_consecutive or 2**62) - 1
+            self._state = {
+                "counts": torch.tensor(
+                    [host.get("nonfinite_skipped", 0), host.get("amp_overflow_skipped", 0)],
+                    dtype=torch.long,
+                    device=device,
+                ),
+                "streaks": torch.tensor(
+                    [min(streaks.get(n, 0), ceiling) for n in names], dtype=torch.long, device=device
+                ),
+                "trips": torch.full((len(names),), -1, dtype=torch.long, device=device),
+            }
+            self.names = names
+            self._from_host = None
+        return self._state
+
+    def record(
+        self,
+        state: dict[str, torch.Tensor],
+        name: str,
+        skip: torch.Tensor,
+        amp_overflow: torch.Tensor | None,
+        iteration: int | torch.Tensor,
+    ) -> None:
+        """Count one optimizer step's outcome. `iteration`: the host's number in an eager run, the device's own
+        counter under CUDA graphs (a replay cannot read the host's)."""
+        if name not in self.names:  # state built before this optimizer was known (e.g. read before fit)
+            self.names.append(name)
+            state["streaks"] = torch.cat([state["streaks"], state["streaks"].new_zeros(1)])
+            state["trips"] = torch.cat([state["trips"], state["trips"].new_full((1,), -1)])
+        index = self.names.index(name)
+        # An fp16 overflow is the scaler doing its job (it halves the scale and retries); a non-finite loss, or NaN
+        # gradients without a scaler, is a guard event. Both extend the streak: K skips in a row mean the scale has
+        # fallen by 2^K and the gradients are NaN for another reason.
+        if amp_overflow is None:
+            state["counts"][0].add_(skip)
+        else:
+            state["counts"].add_(torch.stack([skip & ~amp_overflow, amp_overflow]))
+        streak = state["streaks"][index]
+        streak.add_(1).mul_(skip)
+        if self.max_consecutive:
+            trip = state["trips"][index]
+            # Python scalars reach the kernels as arguments: no host-to-device copy (which would wait on CUDA).
+            trip.copy_(torch.where(streak == self.max_consecutive, iteration, trip))
+
+    def check(self, state: dict[str, torch.Tensor], iteration: int) -> None:
+        """Read the device state (a synchronisation): warn about steps skipped since the last check, and stop the
+        run if a streak reached the limit."""
+        counts = state["counts"].tolist()
+        trips = state["trips"].tolist()
+        tripped = [(at, index) for index, at in enumerate(trips) if at >= 0]
+        trip_iteration, trip_index = min(tripped) if tripped else (-1, -1)
+        new_skips = sum(counts) - self._reported
+        if new_skips > 0:
+            log.warning(
+                "Iterations %d-%d: %d optimizer step(s) skipped for non-finite losses or gradients (%d so far: %d "
+                "guard events, %d fp16 overflows).",
+                self._checked_at + 1,
+                iteration,
+                new_skips,
+                sum(counts),
+                counts[0],
+                counts[1],
+            )
+            self._reported = sum(counts)
+        self._checked_at = iteration
+        if trip_iteration < 0:
+            return
+        raise NonFiniteError(
+            f"Stopped at iteration {iteration}: {self.max_consecutive} consecutive steps of optimizer "
+            f"{self.names[trip_index]} had non-finite losses or gradients (fp16 overflows included), the last at "
+            f"iteration {trip_iteration}; skipped steps leave the weights unchanged. The last checkpoint written "
+            "before this is intact. Usual fixes: a lower learning rate, train.clip_grad_norm=1.0, "
+            "precision=32-true to rule out overflow, or a look at the data for NaNs. The limit is "
+            "train.nonfinite_max_consecutive."
+        )
+
+    def host_state(self, state: dict[str, torch.Tensor]) -> dict[str, Any]:
+        """The counts and streaks as Python numbers, for a checkpoint (reads the device)."""
+        counts = state["counts"].tolist()
+        return {
+            "nonfinite_skipped": counts[0],
+            "amp_overflow_skipped": counts[1],
+            "streaks": dict(zip(self.names, state["streaks"].tolist(), strict=True)),
+        }
+
+    def load_host_state(self, host: dict[str, Any], iteration: int) -> None:
+        """Continue from a checkpoint's counts: the device state is rebuilt from them on first use."""
+        self._from_host = host
+        self._state = None
+        self._reported = host["nonfinite_skipped"] + host["amp_overflow_skipped"]
+        self._checked_at = iteration
