@@ -20,12 +20,11 @@ from omegaconf import DictConfig
 from pixelsmith.config.paths import register_resolvers
 from pixelsmith.config.schema import register_configs
 from pixelsmith.hardware.plan import register_detected_profile
-from pixelsmith.run.entry import guarded_run, refuse_renamed_overrides
+from pixelsmith.run.entry import guarded_run
 
 register_configs()
 register_resolvers()  # ${pixelsmith.data_dir:} in conf/paths/default.yaml
 register_detected_profile()  # hardware=auto composes this machine's profile (conf/hardware/auto.yaml)
-refuse_renamed_overrides(sys.argv[1:])  # model.loss=..., model.r1_gamma=...: say where they went
 log = logging.getLogger("pixelsmith")
 
 

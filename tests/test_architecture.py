@@ -12,6 +12,7 @@ belongs, not by hiding the import in a function.
 from __future__ import annotations
 
 import ast
+import re
 from collections import defaultdict
 from pathlib import Path
 
@@ -253,3 +254,65 @@ def test_allow_list_has_no_stale_entries():
 
 if __name__ == "__main__":  # print the graph: python tests/test_architecture.py
     print(_graph_text(_edges()[0]))
+
+
+def _part_config_keys() -> dict[str, str]:
+    """Config keys only one part's schemas declare (`model.generator`, `model.objective`, `model.stylizer`, ...),
+    with that part: a general module that spells one out knows the part's business."""
+    import dataclasses
+    import sys
+
+    sys.path.insert(0, str(SRC))
+    from pixelsmith.core.config import CoreModelConfig
+    from pixelsmith.data import config as data_config
+    from pixelsmith.parts import part_modules
+
+    # The general schemas' keys: every data option's, and the model keys the training core reads.
+    general = {
+        f"data.{f.name}"
+        for value in vars(data_config).values()
+        if dataclasses.is_dataclass(value)
+        for f in dataclasses.fields(value)
+    } | {f"model.{f.name}" for f in dataclasses.fields(CoreModelConfig)}
+    owners: dict[str, set[str]] = defaultdict(set)
+    for module in part_modules():
+        for group, _, schema in getattr(module, "SCHEMAS", ()):
+            for f in dataclasses.fields(schema):
+                owners[f"{group}.{f.name}"].add(module.__name__.split(".")[1])
+    return {key: next(iter(parts)) for key, parts in owners.items() if len(parts) == 1 and key not in general}
+
+
+def _string_constants(path: Path) -> list[tuple[int, str]]:
+    """(line, text) of every string constant in the file but its docstrings."""
+    tree = ast.parse(path.read_text(), filename=str(path))
+    docstrings = {
+        id(node.body[0].value)
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Module | ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef)
+        and node.body
+        and isinstance(node.body[0], ast.Expr)
+        and isinstance(node.body[0].value, ast.Constant)
+    }
+    return [
+        (node.lineno, node.value)
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in docstrings
+    ]
+
+
+def test_no_general_module_names_a_part_in_its_strings():
+    """A part keeps its knowledge: general code names no part module (`pixelsmith.gan.…` as a `_target_` string)
+    and no config key only a part declares (`model.objective.…`); the part hands such things over through its
+    part.py (`pixelsmith.parts`) or the model object. Docstrings and comments may still give examples."""
+    keys = _part_config_keys()
+    assert "model.objective" in keys and "model.stylizer" in keys  # the check sees both parts' keys
+    key_pattern = re.compile(r"(?<![\w.])(" + "|".join(re.escape(k) for k in sorted(keys)) + r")\b")
+    module_pattern = re.compile(rf"\b{PACKAGE}[./]({'|'.join(MODEL_PARTS)})\b")
+    found = []
+    for module, path in _modules().items():
+        if _part(module) in MODEL_PARTS:
+            continue
+        for line, text in _string_constants(path):
+            for match in [*module_pattern.finditer(text), *key_pattern.finditer(text)]:
+                found.append(f"{path.relative_to(SRC)}:{line}: {match.group(0)}")
+    assert not found, "general modules that name a part's module or config key:\n" + "\n".join(found)

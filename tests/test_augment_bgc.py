@@ -114,40 +114,6 @@ def test_bad_pipeline_multipliers_and_warp_are_refused_with_the_fix() -> None:
         cfg.warp = "cubic"
 
 
-def test_pre_bgc_run_configs_still_build() -> None:
-    """A run config stored before the bgc pipeline (evaluate.py builds the stored augment node) maps onto the same
-    ops and strengths; the checkpoint's state (p and the sign statistics) keeps its keys."""
-    old = dict(
-        target=0.6,
-        interval=4,
-        speed_kimg=500.0,
-        initial_p=0.0,
-        max_p=1.0,
-        xflip=True,
-        rotate90=False,
-        translate=0.25,
-        scale_std=0.2,
-        rotate_max_deg=90.0,
-        brightness=0.1,
-        contrast=0.5,
-        saturation=0.0,
-        hue=0.0,
-    )
-    aug = AdaptiveAugment(**old)
-    on = {op for op, m in aug.multipliers.items() if m > 0}
-    assert on == {"xflip", "xint", "scale", "rotate", "brightness", "contrast"}
-    assert (aug.xint_max, aug.rotate_max, aug.brightness_std, aug.warp) == (0.25, 0.5, 0.1, "bilinear")
-    assert set(aug.state_dict()) == {
-        "p",
-        "sign_stats",
-        "images_since_adjust",
-        "iterations_since_adjust",
-        "last_rt",
-    }
-    with pytest.raises(TypeError, match="unknown options.*rotate_deg"):
-        AdaptiveAugment(rotate_deg=10.0)
-
-
 # ---- each op's probability ---------------------------------------------------------------------------------------
 P, MULTIPLIER, SAMPLES = 0.6, 0.5, 40_000
 

@@ -58,7 +58,7 @@ class MLFlowLogger(_RecordingLogger):
 
 
 def test_sample_grids_reach_wandb_and_mlflow(make_cfg, monkeypatch):
-    import pixelsmith.run.fit as train_module
+    import pixelsmith.run.trainer as train_module
 
     monkeypatch.setattr(train_module, "OPTIONAL_LOGGERS", {})  # the stand-ins need no package
     _RecordingLogger.calls = []
@@ -95,7 +95,7 @@ def test_a_tracker_without_its_package_names_the_extra(make_cfg, monkeypatch, lo
 def test_logger_mlflow_opts_in_to_its_file_store_in_the_run_dir(make_cfg, monkeypatch):
     """MLflow 3 refuses a file: tracking URI unless MLFLOW_ALLOW_FILE_STORE is set (found running logger=mlflow with
     mlflow-skinny 3.17); a server or database URI is left to MLflow."""
-    from pixelsmith.run.fit import _allow_mlflow_file_store
+    from pixelsmith.run.trainer import _allow_mlflow_file_store
 
     monkeypatch.delenv("MLFLOW_ALLOW_FILE_STORE", raising=False)
     cfg = make_cfg("logger=mlflow")
@@ -117,7 +117,7 @@ class TensorBoardRecorder(TensorBoardLogger):
 
 
 def _tracked_run(make_cfg, monkeypatch, tmp_path, *extra: str) -> dict:
-    import pixelsmith.run.fit as train_module
+    import pixelsmith.run.trainer as train_module
 
     monkeypatch.setattr(train_module, "OPTIONAL_LOGGERS", {})
     _RecordingLogger.calls = []

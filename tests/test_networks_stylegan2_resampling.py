@@ -22,7 +22,6 @@ import numpy as np
 import pytest
 import scipy.signal
 import torch
-from hydra.utils import instantiate
 from omegaconf import OmegaConf
 
 from pixelsmith.gan.networks.fir import fir_downsample_2x, fir_filter, fir_kernel_2d, fir_upsample_2x
@@ -36,8 +35,6 @@ from pixelsmith.gan.networks.stylegan2 import (
 from pixelsmith.run.resume import (
     CheckpointMismatchError,
     check_same_function,
-    config_differences,
-    with_legacy_network_settings,
 )
 from tests.conftest import torch_threads
 
@@ -467,34 +464,8 @@ def stored_config(generator: dict, discriminator: dict) -> dict:
     }
 
 
-def test_a_config_stored_before_the_switches_reads_as_the_bilinear_avg_pool_network():
-    filled = with_legacy_network_settings(stored_config({}, {}))
-    assert filled["model"]["generator"] | {"z_dim": 8} == {
-        "_target_": "pixelsmith.gan.networks.stylegan2.StyleGAN2Generator",
-        "z_dim": 8,
-        "upsampling": "bilinear",
-        "num_fp16_res": None,
-        "conv_clamp": None,
-    }
-    assert filled["model"]["discriminator"]["downsampling"] == "avg_pool"
-    assert (
-        filled["model"]["discriminator"]["architecture"] == "resnet"
-    )  # residual was the only D before the switch
-    # Values that are stored win; other models are left alone.
-    assert (
-        with_legacy_network_settings(stored_config({"upsampling": "fir"}, {}))["model"]["generator"][
-            "upsampling"
-        ]
-        == "fir"
-    )
-    dcgan = {
-        "model": {"name": "dcgan", "generator": {"_target_": "pixelsmith.gan.networks.dcgan.DCGANGenerator"}}
-    }
-    assert with_legacy_network_settings(dcgan) == dcgan
-
-
 def test_resuming_an_old_checkpoint_with_the_other_resampling_is_refused_in_one_paragraph(tmp_path):
-    old = stored_config({}, {})  # written before the switches: bilinear / avg_pool
+    old = stored_config({"upsampling": "bilinear"}, {"downsampling": "avg_pool"})
     faithful = OmegaConf.create(stored_config({"upsampling": "fir"}, {"downsampling": "fir"}))
     with pytest.raises(CheckpointMismatchError) as info:
         check_same_function(old, tmp_path / "old.ckpt", faithful, auto_resumed=False)
@@ -510,23 +481,3 @@ def test_resuming_an_old_checkpoint_with_the_other_resampling_is_refused_in_one_
         )
     )
     check_same_function(old, tmp_path / "old.ckpt", cheap, auto_resumed=False)
-
-
-def test_an_old_checkpoint_without_the_architecture_key_loads_as_the_resnet_d():
-    """A checkpoint from before `model.discriminator.architecture`: its config reads as resnet (no difference to
-    report against today's default), its D's tensors load into today's resnet D as they are, and an 'orig' run is
-    told what differs (the missing `skip` tensors refuse it by shape)."""
-    old_d = {"downsampling": "fir", "num_fp16_res": 4, "conv_clamp": 256}
-
-    def d_differences(current_d: dict) -> list[str]:
-        differences = config_differences(stored_config({}, old_d), stored_config({}, current_d))
-        return [line for line in differences if line.startswith("model.discriminator.")]
-
-    assert d_differences({**old_d, "architecture": "resnet"}) == []
-    assert d_differences({**old_d, "architecture": "orig"}) == [
-        "model.discriminator.architecture: resnet in the checkpoint, orig here"
-    ]
-    rebuilt = instantiate(
-        with_legacy_network_settings(stored_config({}, old_d))["model"]["discriminator"], **TINY
-    )
-    rebuilt.load_state_dict(StyleGAN2Discriminator(**TINY).state_dict())  # strict: the same names and shapes

@@ -8,6 +8,9 @@ present contribute instead of importing them, so deleting a part's folder with i
                               (`conf/model/<x>.yaml` starts with `defaults: [<name>, _self_]`)
     SHAPING_CONFIG_PREFIXES   config keys that decide the part's network tensors (a resume that does not fit the
                               checkpoint names the ones that differ)
+    SHAPING_CONFIG_PATTERNS   regular expressions of such keys that add tensors by their value
+    FUNCTION_CONFIG_KEYS      keys whose other value makes the same tensors another network (a resume that
+                              changes one is refused, naming it)
     RESOLVERS                 functions that register the OmegaConf resolvers the part's configs use
     CONFIG_RULES              range rules (`pixelsmith.config.rules.Rule`) for the part's config keys, checked at
                               start-up with the general ones

@@ -82,17 +82,6 @@ _GATES = (
 )
 _GATE_MULTIPLIER = tuple("rotate" if gate.startswith("rotate_") else gate for gate in _GATES)
 _FLOAT32_STATE = ("p", "sign_stats", "last_rt", "gate_multipliers", "lowpass_taps")
-# Keys of the pre-bgc ADA (its op strengths), still accepted so that a stored run config builds (evaluate.py).
-_LEGACY_KEYS = (
-    "xflip",
-    "rotate90",
-    "translate",
-    "rotate_max_deg",
-    "brightness",
-    "contrast",
-    "saturation",
-    "hue",
-)
 
 
 @dataclass
@@ -158,7 +147,6 @@ class AdaptiveAugment(GANAugment):
         hue_max: float = 1.0,
         saturation_std: float = 1.0,
         cutout_size: float = 0.5,
-        **legacy_options: Any,
     ):
         super().__init__()
         if interval < 1:
@@ -180,10 +168,7 @@ class AdaptiveAugment(GANAugment):
             hue_max=hue_max,
             saturation_std=saturation_std,
         )
-        if legacy_options:
-            ops, strengths, warp = _from_legacy_options(legacy_options, scale_std)
-        else:
-            ops = _pipeline_multipliers(pipeline)
+        ops = _pipeline_multipliers(pipeline)
         ops.update(_checked_multipliers(multipliers))
         negative = {name: value for name, value in strengths.items() if value < 0}
         if negative:
@@ -580,57 +565,6 @@ def _checked_multipliers(multipliers: Mapping[str, float] | None) -> dict[str, f
             "0 turns it off), e.g. augment.multipliers={lumaflip:0}."
         )
     return {op: float(m) for op, m in given.items()}
-
-
-def _from_legacy_options(
-    options: dict[str, Any], scale_std: float
-) -> tuple[dict[str, float], dict[str, float], str]:
-    """Settings of a run config written before the bgc pipeline (keys xflip, rotate90, translate, rotate_max_deg,
-    brightness, contrast, saturation, hue as on/off and strengths): the same ops and strengths, each with
-    multiplier 1, NVlabs' rotation split, the bilinear warp, and no aniso, xfrac or luma flip (it had none)."""
-    unknown = [key for key in options if key not in _LEGACY_KEYS]
-    if unknown:
-        raise TypeError(
-            f"AdaptiveAugment got unknown options {unknown}: it takes target, interval, speed_kimg, initial_p, max_p, "
-            "pipeline, multipliers, warp and the strengths xint_max, scale_std, rotate_max, aniso_std, xfrac_std, "
-            "brightness_std, contrast_std, hue_max, saturation_std (see conf/augment/ada.yaml)."
-        )
-    old = (
-        dict(
-            xflip=True,
-            rotate90=True,
-            translate=0.125,
-            rotate_max_deg=180.0,
-            brightness=0.2,
-            contrast=0.5,
-            saturation=1.0,
-            hue=0.0,
-        )
-        | options
-    )
-    strengths = dict(
-        xint_max=float(old["translate"]),
-        scale_std=float(scale_std),
-        rotate_max=float(old["rotate_max_deg"]) / 180.0,
-        aniso_std=0.2,
-        xfrac_std=0.125,
-        brightness_std=float(old["brightness"]),
-        contrast_std=float(old["contrast"]),
-        hue_max=float(old["hue"]),
-        saturation_std=float(old["saturation"]),
-    )
-    on = dict(
-        xflip=bool(old["xflip"]),
-        rotate90=bool(old["rotate90"]),
-        xint=strengths["xint_max"] > 0,
-        scale=strengths["scale_std"] > 0,
-        rotate=strengths["rotate_max"] > 0,
-        brightness=strengths["brightness_std"] > 0,
-        contrast=strengths["contrast_std"] > 0,
-        saturation=strengths["saturation_std"] > 0,
-        hue=strengths["hue_max"] > 0,
-    )
-    return {op: float(on.get(op, False)) for op in OPS}, strengths, "bilinear"
 
 
 def _warp_selected_rows_only(device: torch.device) -> bool:

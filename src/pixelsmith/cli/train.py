@@ -12,12 +12,11 @@ from omegaconf import DictConfig
 from pixelsmith.config.paths import CONF_DIR, register_resolvers
 from pixelsmith.config.schema import register_configs
 from pixelsmith.hardware.plan import register_detected_profile
-from pixelsmith.run.entry import guarded_run, refuse_renamed_overrides
+from pixelsmith.run.entry import guarded_run
 
 register_configs()
 register_resolvers()
 register_detected_profile()  # hardware=auto composes this machine's profile (conf/hardware/auto.yaml)
-refuse_renamed_overrides(sys.argv[1:])  # model.loss=..., model.r1_gamma=...: say where they went
 
 
 @hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name="train")

@@ -109,7 +109,6 @@ GENERAL_RULES: list[Rule] = [
     Rule("schedule.warmup_steps", non_negative, "must be >= 0", "0"),
     Rule("schedule.min_lr_ratio", lambda v: non_negative(v) and v <= 1, "must be in [0, 1]", "0.0"),
     Rule("schedule.total_steps", optional(positive_int), "must be at least 1, or null (= max_steps)", "null"),
-    Rule("model.sample_grid_size", positive_int, "must be at least 1", "64"),
     EMA_HALF_LIFE.rule("model.ema.half_life_kimg"),
     Rule(
         "model.ema.rampup",

@@ -18,11 +18,14 @@ tests/conftest.py now restores the environment after each test.)
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
+
+log = logging.getLogger(__name__)
 
 
 def clock() -> float:
@@ -65,6 +68,17 @@ class TimeBudget:
             past = bool(flag.item() > 0)
         return past
 
-    def stop(self, iteration: int) -> None:
+    def stop(self, iteration: int, max_steps: int) -> None:
+        """Training ends at `iteration` for the budget: recorded for the run's summary, and said in the log."""
         self.stopped_at_iteration = iteration
         self.elapsed_at_stop_s = self.elapsed_s()
+        log.info(
+            "Time budget reached at iteration %d of max_steps=%d (%.2f min since the run started, "
+            "train.time_budget_minutes=%g): training stops here; the final evaluation, samples and "
+            "checkpoint are of iteration %d. Resume from checkpoints/last.ckpt to train further.",
+            iteration,
+            max_steps,
+            self.elapsed_at_stop_s / 60.0,
+            self.minutes,
+            iteration,
+        )

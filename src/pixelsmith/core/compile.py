@@ -12,9 +12,13 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterator
 from contextlib import contextmanager
+from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
+
+if TYPE_CHECKING:
+    from pixelsmith.core.module import TrainingCore
 
 log = logging.getLogger(__name__)
 
@@ -83,6 +87,8 @@ def compile_networks(
     networks: dict[str, nn.Module], names: list[str], mode: str, cuda_graphs: bool, scope: str
 ) -> bool:
     """Compile the networks `names` picks, in place; returns whether inductor captures CUDA graphs of its own."""
+    if not names:
+        return False
     mode = compile_mode_under_graphs(mode, cuda_graphs)
     for name in names:
         net = networks[name]
@@ -96,3 +102,28 @@ def compile_networks(
         for unit in units:
             unit.compile(mode=mode, dynamic=False)
     return bool(names) and mode in INDUCTOR_CUDA_GRAPH_MODES
+
+
+def prepare_networks(core: TrainingCore) -> bool:
+    """channels_last and compile for the networks of `core` (a LightningModule in set-up); returns whether inductor
+    captures CUDA graphs of its own. EMA copies are not compiled (see the module docstring)."""
+    from pixelsmith.core.startup import compile_cache_note
+
+    settings = core.core
+    if settings.channels_last and core._fsdp is not None:
+        # FSDP2 refuses non-contiguous parameters and gathers them contiguous anyway; convolutions still pick NHWC
+        # kernels from channels_last inputs (prepare_images), so only the weights stay NCHW.
+        log.info("strategy=fsdp: channels_last applies to activations only, weights stay contiguous.")
+    networks = core.networks()
+    averages = {id(ema.model) for _, ema, _ in core._ema_pairs}
+    compiled = [name for name, net in networks.items() if id(net) not in averages] if settings.compile else []
+    if compiled:
+        core.startup.install()
+        if core.global_rank == 0:
+            log.info("%s", compile_cache_note(compile_cache_dir(), compiled))
+    if settings.channels_last and core._fsdp is None:
+        for net in networks.values():
+            net.to(memory_format=torch.channels_last)
+    return compile_networks(
+        networks, compiled, settings.compile_mode, settings.cuda_graphs, settings.compile_scope
+    )

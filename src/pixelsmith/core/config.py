@@ -178,3 +178,15 @@ class CoreSettings:
     # train.preemption.signals: these end the run after the current iteration with last.ckpt (core/preemption.py)
     preemption_signals: tuple[str, ...] = ("SIGTERM", "SIGUSR1", "SIGUSR2")
     preemption_check_every_n_steps: int | None = None  # None: at logging iterations
+
+
+@dataclass
+class CoreModelConfig:
+    """The model keys the training core itself reads, for any model that inherits its schema from this one:
+    `model.ema` (the EMA copies, core/ema.py) and `model.schedules` (hyper-parameters moved by the images seen:
+    name -> {start, final, shape, horizon_kimg, ...}, core/scheduled_values.py). Each schedule node is checked against
+    ScalarScheduleConfig when the model is built (a typed dict of dataclasses would refuse
+    `+model.schedules.lr={start: ...}` on the command line, an OmegaConf limitation)."""
+
+    ema: EMAConfig = field(default_factory=EMAConfig)
+    schedules: dict[str, Any] = field(default_factory=dict)

@@ -1,21 +1,24 @@
 """TrainingCore: the LightningModule base every Pixelsmith model inherits (GAN, style transfer, a fork's own).
 
-It owns what is easy to get subtly wrong with manual optimization, once:
-- an iteration counter (`self.iteration`), saved in checkpoints, that drives schedules, EMA, `max_steps`, sampling
-  and checkpoint cadence (Lightning's `global_step` counts every optimizer step, #17958);
-- mixed precision with its own GradScaler (see `core/precision.py`), clipping on unscaled gradients (#18089);
-- gradient accumulation: the loader yields `accumulate` micro-batches' worth per iteration, split here;
-- gradient all-reduce per optimizer (no DDP wrapper, see `core/strategy.py`) or, under `strategy=fsdp`, FSDP2
-  per network (`core/fsdp.py`: reduce-scatter on the last micro-batch only), a non-finite guard that skips, counts
-  and finally stops, warmup+cosine schedules, channels_last and `torch.compile` of the networks (not of the module);
-- per-iteration seeding from (seed, rank, iteration), so resuming from a checkpoint continues bit-for-bit;
-- named phases (`with self.phase("G_fwd"):`) that a profiler callback can time; a no-op by default.
+A subclass implements `networks()`, `optimizer_definitions()` and `train_iteration(batch)`, in which it calls
+`self.loss_backward(loss, name)` per micro-batch and `self.step(name)` once per optimizer, and returns an
+`IterationResult`. The core owns the rest of the iteration, so there is no bookkeeping call a model could forget.
 
-A subclass implements `optimizer_definitions()` (name -> parameters and an optimizer partial), `networks()` (what to
-put in channels_last and compile) and `train_iteration(batch)`, in which it calls `self.loss_backward(loss, name)` for
-each micro-batch and `self.step(name)` once per optimizer, and returns an `IterationResult` (images trained on, values
-to log). The core's `training_step` calls it and then ends the iteration itself (counter, schedules, EMA, logging,
-guard, stopping): there is no bookkeeping call a model could forget. A backward left without its step is an error.
+One iteration, top to bottom (`training_step`):
+1. `iteration_plan(batch)`: the host's decisions (the GAN: which phases are due); one CUDA graph per plan.
+2. `_device_iteration`: `_apply_schedules` (core/scheduled_values.py), the model's `train_iteration` (the GAN's
+   walks its objective's phase table: gan/module.py `run_phase`), then buffer sync and EMA. Under
+   `hardware.cuda_graphs` this is what core/graphs.py captures and replays.
+3. `loss_backward` / `step` inside it: core/stepping.py (all-reduce, unscale, finite check, clip, fused step), whose
+   outcome goes to the non-finite guard (core/guard.py).
+4. `_end_iteration`: the counter (`self.iteration`; Lightning's `global_step` counts optimizer steps), lr
+   schedulers, logging at logging iterations (core/iteration_log.py), the guard's check, and the stop at `max_steps`,
+   the time budget (core/budget.py) or a preemption signal (core/preemption.py).
+
+Around it: per-iteration seeding (core/seeding.py: a resume continues bit for bit), mixed precision with the core's
+own GradScaler (core/precision.py; clipping on unscaled gradients, Lightning #18089), compile of the networks, never
+of the module (core/compile.py), CUDA-graph set-up (core/graph_setup.py), and the checkpoint entry
+(core/checkpoint_state.py).
 """
 
 from __future__ import annotations
@@ -23,7 +26,6 @@ from __future__ import annotations
 import logging
 import random
 import signal
-import time
 from collections import defaultdict
 from collections.abc import Callable, Hashable, Iterable, Iterator
 from contextlib import contextmanager, nullcontext
@@ -36,7 +38,8 @@ import torch
 from torch import nn
 from torch.distributed.fsdp import FSDPModule
 
-from pixelsmith.core.compile import compile_cache_dir, compile_networks, eager
+from pixelsmith.core.checkpoint_state import load_core_state, save_core_state
+from pixelsmith.core.compile import eager, prepare_networks
 from pixelsmith.core.config import CoreSettings, EMAConfig
 from pixelsmith.core.ema import EMA
 from pixelsmith.core.fsdp import MultiNetworkFSDPStrategy
@@ -44,12 +47,13 @@ from pixelsmith.core.graph_setup import CudaGraphSetup
 from pixelsmith.core.graphs import IterationGraphs
 from pixelsmith.core.guard import NonFiniteGuard
 from pixelsmith.core.host_reads import host_reads_allowed
-from pixelsmith.core.optim import build_optimizer, optimizer_factory
+from pixelsmith.core.iteration_log import IterationLog
+from pixelsmith.core.optim import build_optimizers
 from pixelsmith.core.precision import MixedPrecision
 from pixelsmith.core.preemption import PreemptionSignals, stop_message
-from pixelsmith.core.scheduled_values import ScheduledValues, set_optimizer_value
-from pixelsmith.core.schedules import build_scheduler
-from pixelsmith.core.startup import StartupReport, compile_cache_note
+from pixelsmith.core.scheduled_values import ScheduledValues, core_targets, set_optimizer_value
+from pixelsmith.core.seeding import mix_seed, seed_iteration
+from pixelsmith.core.startup import StartupReport
 from pixelsmith.core.stepping import OptimizerStepper, average_buffers
 from pixelsmith.errors import PixelsmithError
 
@@ -77,11 +81,6 @@ class IterationResult:
     grad_allreduce_calls: int = field(default=0, repr=False)
 
 
-def _mix_seed(seed: int, rank: int, iteration: int) -> int:
-    # A fixed affine mix keeps seeds distinct per (rank, iteration) and reproducible across runs and resumes.
-    return (seed * 1_000_003 + rank * 7_919 + iteration * 104_729) % (2**63 - 1)
-
-
 class TrainingCore(L.LightningModule):
     # True when `iteration_plan` names every host decision of an iteration, so `hardware.cuda_graphs` may capture
     # it (core/graphs.py); a model that leaves it False runs eagerly, saying so at start-up.
@@ -97,9 +96,7 @@ class TrainingCore(L.LightningModule):
             raise ValueError(f"accumulate={core.accumulate} must be at least 1.")
         self.core = core
         self.iteration = 0
-        # The core's collaborators, each with its own state: the non-finite guard (core/guard.py), the optimizer
-        # stepping between loss_backward and step (core/stepping.py) and the scheduled hyper-parameters
-        # (core/scheduled_values.py). CUDA-graph set-up is core/graph_setup.py's, compile core/compile.py's.
+        # The core's collaborators, each with its own state (see the module docstring).
         self.guard = NonFiniteGuard(core.nonfinite_max_consecutive)
         self.stepper = OptimizerStepper(core.accumulate, core.clip_grad_norm)
         self.scheduled = ScheduledValues()
@@ -111,8 +108,7 @@ class TrainingCore(L.LightningModule):
         self._ema_pairs: list[tuple[str, EMA, nn.Module]] = []
         self.images_seen = 0
         self.skipped_files: torch.Tensor | int = 0
-        self._last_log_point: tuple[float, int] | None = None  # (perf_counter, images_seen) at the last log
-        self._pending_logs: dict[str, Any] = {}  # the step's logs, held until the next logging iteration
+        self.iteration_log = IterationLog()  # values held until the next logging iteration
         self.grad_allreduce_calls = 0
         # For host-side draws (crop offsets, indices): reseeded with the torch generators every iteration, and a
         # Python draw never makes the host wait for the device as `int(torch.randint(...))` on a GPU tensor could.
@@ -248,15 +244,8 @@ class TrainingCore(L.LightningModule):
         The core's: `lr`, `beta1`, `beta2` (every optimizer) and `<optimizer>_lr` / `_beta1` / `_beta2` (one), as
         the config gives them (each optimizer's lazy-regularisation scaling is applied here), and
         `ema_half_life_kimg` (every EMA). A subclass adds its own (the GAN: its objective's, `augment_p`)."""
-        targets: dict[str, Callable[[float | torch.Tensor], None]] = {}
         names = [spec.name for spec in self.optimizer_definitions()]
-        for key in ("lr", "beta1", "beta2"):
-            targets[key] = partial(self._set_optimizer_value, names, key)
-            for name in names:
-                targets[f"{name}_{key}"] = partial(self._set_optimizer_value, [name], key)
-        if self._ema_pairs:
-            targets["ema_half_life_kimg"] = self._set_ema_half_life
-        return targets
+        return core_targets(names, self._set_optimizer_value, [ema for _, ema, _ in self._ema_pairs])
 
     def add_schedules(self, schedules: Any) -> None:
         """Schedule the hyper-parameters named in `schedules` (`model.schedules`: name -> ScalarScheduleConfig node).
@@ -275,10 +264,6 @@ class TrainingCore(L.LightningModule):
         for name in names:
             scaling = self._lr_scale_and_betas_power.get(name, (1.0, 1.0))
             set_optimizer_value(self._raw_optimizer(name), name, key, value, scaling)
-
-    def _set_ema_half_life(self, value: float | torch.Tensor) -> None:
-        for _, ema, _ in self._ema_pairs:
-            ema.set_half_life_kimg(value)
 
     def add_ema(self, name: str, source: nn.Module, config: EMAConfig) -> EMA | None:
         """Create an EMA of `source` that the core updates at the end of every iteration (after buffers are synced
@@ -299,36 +284,15 @@ class TrainingCore(L.LightningModule):
         return self._precision
 
     def keep_compiled_output(self, tensor: torch.Tensor) -> torch.Tensor:
-        """`tensor`, safe to read after other compiled networks have run. Under inductor's CUDA graphs (compile_mode
-        reduce-overhead or max-autotune) a network's output lives in the graphs' shared pool, and an inference
-        call's (no backward pending) is overwritten by the next replay: on an H200 D read G's overwritten fakes
-        ("accessing tensor output of CUDAGraphs that has been overwritten by a subsequent run"). Then it is cloned;
-        otherwise returned as it is."""
+        """`tensor`, safe to read after other compiled networks have run: under inductor's CUDA graphs an inference
+        call's output is overwritten by the next replay (on an H200 D read G's overwritten fakes), so it is cloned."""
         return tensor.clone() if self.inductor_cuda_graphs else tensor
 
     def configure_model(self) -> None:
-        if self.core.channels_last and self._fsdp is not None:
-            # FSDP2 refuses non-contiguous parameters and gathers them contiguous anyway; convolutions still pick
-            # NHWC kernels from channels_last inputs (prepare_images), so only the weights stay NCHW.
-            log.info("strategy=fsdp: channels_last applies to activations only, weights stay contiguous.")
-        # EMA copies only sample and evaluate, at batch sizes of their own, every few hundred iterations: compiled,
-        # they would cost a compile per batch size (and mark the batch dynamic) for work that takes seconds eagerly.
-        averages = {id(ema.model) for _, ema, _ in self._ema_pairs}
-        compiled = [name for name, net in self.networks().items() if id(net) not in averages]
-        if self.core.compile and compiled:
-            self.startup.install()
-            if self.global_rank == 0:
-                log.info("%s", compile_cache_note(compile_cache_dir(), compiled))
-        for net in self.networks().values():
-            if self.core.channels_last and self._fsdp is None:
-                net.to(memory_format=torch.channels_last)
-        if self.core.compile and compiled:
-            core = self.core
-            self.inductor_cuda_graphs = compile_networks(
-                self.networks(), compiled, core.compile_mode, core.cuda_graphs, core.compile_scope
-            )
+        # channels_last and compile of the networks (core/compile.py), then FSDP2's sharding: after compile, as
+        # torchtitan does (compile per block, then fully_shard).
+        self.inductor_cuda_graphs = prepare_networks(self)
         if self._fsdp is not None:
-            # After compile, as torchtitan does (compile per block, then fully_shard).
             self._fsdp.shard_networks(self)
 
     @property
@@ -355,32 +319,17 @@ class TrainingCore(L.LightningModule):
             yield
 
     def configure_optimizers(self):
-        impl = self.core.optimizer_impl
-        optimizers, schedulers = [], []
-        schedule = self.core.schedule
-        total = schedule.total_steps or self.core.max_steps
-        for index, spec in enumerate(self.optimizer_definitions()):
-            factory = optimizer_factory(spec.optimizer, f"optimizer {spec.name}")
-            opt = build_optimizer(factory, spec.params, spec.lr_scale, spec.betas_power, impl)
-            self._lr_scale_and_betas_power[spec.name] = (spec.lr_scale, spec.betas_power)
-            self._optimizer_index[spec.name] = index
-            owned = {id(p) for p in spec.params}
-            self._float_buffers[spec.name] = [
-                b
-                for net in self.networks().values()
-                if any(id(p) in owned for p in net.parameters())
-                for b in net.buffers()
-                if b.is_floating_point()
-            ]
-            optimizers.append(opt)
-            schedulers.append(
-                build_scheduler(opt, schedule.name, schedule.warmup_steps, total, schedule.min_lr_ratio)
-            )
-        # A network trained by two optimizers must not have its buffers averaged twice.
-        seen: set[int] = set()
-        for name, group in self._float_buffers.items():
-            self._float_buffers[name] = [b for b in group if not (id(b) in seen or seen.add(id(b)))]
-        return optimizers, schedulers
+        built = build_optimizers(
+            self.optimizer_definitions(),
+            self.networks(),
+            self.core.optimizer_impl,
+            self.core.schedule,
+            self.core.max_steps,
+        )
+        self._optimizer_index = {name: index for index, name in enumerate(built.names)}
+        self._lr_scale_and_betas_power = built.scaling
+        self._float_buffers = built.float_buffers
+        return built.optimizers, built.schedulers
 
     def _raw_optimizer(self, name: str) -> torch.optim.Optimizer:
         # The raw optimizer, not Lightning's wrapper: the core steps it through its own scaler.
@@ -529,21 +478,12 @@ class TrainingCore(L.LightningModule):
         logs = dict(logs or {})
         self.iteration += 1
         constant_rate = self._graphs is not None and self.core.schedule.name == "constant"
-        for name, sched in zip(self._optimizer_index, self._schedulers(), strict=True):
-            if not self.scheduled.sets_learning_rate(name):  # else model.schedules sets it
-                if constant_rate:
-                    # The rate never moves: a step would refill the graphed run's learning-rate tensor with its own
-                    # value (kernels every iteration); the count alone advances, as in a stepped scheduler.
-                    sched.last_epoch += 1
-                    sched._step_count += 1
-                else:
-                    sched.step()
+        schedulers = dict(zip(self._optimizer_index, self._schedulers(), strict=True))
+        self.scheduled.step_lr_schedulers(schedulers, constant_rate)
         iteration = self.iteration
-        # Newest value per key since the last log: a metric of some iterations only (R1's `loss/r1`) still reaches
-        # the next logging iteration.
-        self._pending_logs.update(logs)
+        self.iteration_log.add(logs)
         if iteration == 1:
-            self._last_log_point = (time.perf_counter(), self.images_seen)  # img/s counts from here
+            self.iteration_log.start(self.images_seen)
         budget = self.core.time_budget
         last = iteration >= self.core.max_steps or (
             budget.enabled and budget.expired(self.world_size, self.world_all_reduce, self.device)
@@ -563,8 +503,7 @@ class TrainingCore(L.LightningModule):
             if logging or last:
                 # Only on logging iterations: the loggers write nothing in between, and every `self.log` call costs
                 # ~0.4 ms of Lightning bookkeeping (docs/performance.md, "Template overhead").
-                self._log_iteration(self._pending_logs)
-                self._pending_logs = {}
+                self._log_iteration()
             if logging or last or self.stepper.host_synced:
                 # Reading the guard makes the host wait for the device: only where the iteration waits anyway.
                 self._check_guard()
@@ -572,17 +511,7 @@ class TrainingCore(L.LightningModule):
         if self.preempted_by is not None:
             log.warning("%s", stop_message(self.preempted_by, iteration))
         elif last and iteration < self.core.max_steps:
-            budget.stop(iteration)
-            log.info(
-                "Time budget reached at iteration %d of max_steps=%d (%.2f min since the run started, "
-                "train.time_budget_minutes=%g): training stops here; the final evaluation, samples and "
-                "checkpoint are of iteration %d. Resume from checkpoints/last.ckpt to train further.",
-                iteration,
-                self.core.max_steps,
-                budget.elapsed_at_stop_s / 60.0,
-                budget.minutes,
-                iteration,
-            )
+            budget.stop(iteration, self.core.max_steps)
         if last:
             self.trainer.should_stop = True
 
@@ -592,35 +521,11 @@ class TrainingCore(L.LightningModule):
         device-side state, e.g. ADA's p). Values in `train_iteration`'s result are device tensors held until then."""
         return {}
 
-    def _log_iteration(self, logs: dict[str, Any]) -> None:
-        metrics: dict[str, Any] = {**logs, **self.logging_values()}
-        now = time.perf_counter()
-        if self._last_log_point is not None:
-            # Averaged since the previous logging iteration: a steadier progress bar than one step's rate.
-            last_time, last_images = self._last_log_point
-            rate = (self.images_seen - last_images) / max(now - last_time, 1e-9)
+    def _log_iteration(self) -> None:
+        rate = self.iteration_log.rate(self.images_seen)
+        if rate is not None:
             self.log("img/s", rate, prog_bar=True, on_step=True, logger=True)
-        self._last_log_point = (now, self.images_seen)
-        metrics["train/iteration"] = float(self.iteration)
-        metrics["train/kimg"] = self.images_seen / 1000.0
-        datamodule = self._trainer.datamodule if self._trainer is not None else None
-        # Files the datamodule's set-up check left out (distinct, the same on every rank) ...
-        left_out = int(getattr(datamodule, "skipped_file_count", 0))
-        if torch.is_tensor(self.skipped_files) or left_out:
-            # ... plus substitutions for files that broke later: each rank reads its own files, so those are summed
-            # (one scalar all-reduce per log).
-            total = torch.as_tensor(self.skipped_files, device=self.device).detach().float().clone()
-            self.world_all_reduce(total)
-            metrics["data/skipped_files"] = total + left_out
-        metrics["guard/nonfinite_skipped"] = float(self.nonfinite_skipped)
-        metrics["guard/amp_overflow_skipped"] = float(self.amp_overflow_skipped)
-        if self.mixed_precision.scaler is not None:
-            metrics["amp/scale"] = float(self.mixed_precision.scaler.get_scale())
-        for name in self._optimizer_index:
-            metrics[f"lr/{name}"] = self._raw_optimizer(name).param_groups[0]["lr"]
-        for name, norm in self.stepper.last_grad_norm.items():
-            metrics[f"grad_norm/{name}"] = norm
-        self.log_dict(metrics, on_step=True, on_epoch=False, prog_bar=False)
+        self.log_dict(self.iteration_log.metrics(self), on_step=True, on_epoch=False, prog_bar=False)
 
     def on_train_start(self) -> None:
         # After the Trainer's own handlers (registered just before this hook; they are restored after fit): ours end
@@ -665,62 +570,15 @@ class TrainingCore(L.LightningModule):
             self._images_seen_t = torch.full((), self.images_seen, dtype=torch.long, device=self.device)
 
     def on_train_batch_start(self, batch: Any, batch_idx: int) -> None:
-        # Fresh, deterministic randomness per (seed, rank, iteration): latents, augmentation and dropout are the same
-        # whether the run went straight through or was resumed at any iteration.
-        seed = _mix_seed(self.core.seed, self.global_rank, self.iteration)
-        # The generators a step uses, not torch.manual_seed: on a CUDA wheel that also queues a lazy seed for every
-        # CUDA device and captures a Python stack each call (~1 ms, docs/performance.md). Same streams, same results.
-        torch.default_generator.manual_seed(seed)
-        self.host_random.seed(seed)
-        if self.device.type == "cuda":
-            torch.cuda.manual_seed(
-                seed
-            )  # this device's generator; CUDA is initialised by now, so no lazy stack
-        elif self.device.type == "mps":
-            torch.mps.manual_seed(seed)  # an Apple GPU's own generator: what randn on the device draws from
+        seed_iteration(
+            mix_seed(self.core.seed, self.global_rank, self.iteration), self.device, self.host_random
+        )
 
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
-        # A checkpoint reads the device anyway: a streak that reached the limit since the last logging iteration
-        # stops the run here rather than being saved, unnoticed, into a checkpoint a resume would continue from.
-        self._check_guard()
-        # Every rank saves (only rank 0 writes): the run's count of later-broken files is the sum over ranks.
-        skipped = torch.as_tensor(self.skipped_files, device=self.device).detach().clone()
-        self.world_all_reduce(skipped)
-        checkpoint["pixelsmith"] = {
-            "iteration": self.iteration,
-            "images_seen": self.images_seen,
-            "nonfinite_skipped": (guard := self.guard.host_state(self._guard_state()))["nonfinite_skipped"],
-            "amp_overflow_skipped": guard["amp_overflow_skipped"],
-            "nonfinite_streaks": guard["streaks"],
-            "grad_scaler": self.mixed_precision.state_dict(),
-            "precision": self.core.precision,
-            "skipped_files": int(
-                skipped
-            ),  # later-broken files' substitutions, all ranks: a resume keeps them
-        }
-        checkpoint["pixelsmith_config"] = self.core.run_config
+        save_core_state(self, checkpoint)  # core/checkpoint_state.py
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
-        state = checkpoint.get("pixelsmith")
-        if state is None:
-            raise ValueError(
-                "This checkpoint was not written by a Pixelsmith model (no 'pixelsmith' entry); "
-                "resume with a checkpoint from a Pixelsmith run's checkpoints/ folder."
-            )
-        self.iteration = int(state["iteration"])
-        self.images_seen = int(state["images_seen"])
-        # The run's total, restored on rank 0 only: the logged metric sums the ranks' counts.
-        self.skipped_files = int(state.get("skipped_files", 0)) if self.global_rank == 0 else 0
-        self.guard.load_host_state(
-            {
-                "nonfinite_skipped": int(state["nonfinite_skipped"]),
-                "amp_overflow_skipped": int(state["amp_overflow_skipped"]),
-                "streaks": {k: int(v) for k, v in state.get("nonfinite_streaks", {}).items()},
-            },
-            self.iteration,
-        )
-        self._pending_precision_state = state.get("grad_scaler") or None
-        self._precision = None
+        load_core_state(self, checkpoint)
 
 
 def count_parameters(modules: Iterable[nn.Module]) -> int:

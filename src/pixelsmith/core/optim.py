@@ -13,10 +13,11 @@ from __future__ import annotations
 import functools
 import inspect
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import asdict, is_dataclass
+from dataclasses import asdict, dataclass, is_dataclass
 from typing import Any
 
 import torch
+from torch import nn
 
 from pixelsmith.errors import PixelsmithError
 
@@ -63,7 +64,7 @@ def adam_implementation(choice: str, params: Iterable[torch.Tensor]) -> dict[str
     )
 
 
-def optimizer_factory(spec: Any, key: str = "model.optimizer") -> functools.partial:
+def optimizer_factory(spec: Any, key: str = "the optimizer") -> functools.partial:
     """A partial from a config node (`_target_`, `_partial_`, lr, betas, eps, weight_decay, kwargs; None values
     are left to the optimizer's defaults) or a callable given as is."""
     if callable(spec):
@@ -131,3 +132,46 @@ def build_optimizer(
             impl = {"foreach": True}
         overrides.update(impl)
     return factory(params, **overrides)
+
+
+@dataclass
+class BuiltOptimizers:
+    names: list[str]
+    optimizers: list[torch.optim.Optimizer]
+    schedulers: list
+    scaling: dict[str, tuple[float, float]]  # name -> (lr_scale, betas_power): lazy regularisation's
+    float_buffers: dict[
+        str, list[torch.Tensor]
+    ]  # name -> floating buffers of the networks it trains (ranks average)
+
+
+def build_optimizers(
+    definitions: list, networks: dict[str, nn.Module], impl: str, schedule: Any, max_steps: int
+):
+    """Each definition's optimizer (with `impl`'s implementation) and lr scheduler, and the floating buffers of the
+    networks it trains (a network trained by two optimizers has its buffers averaged once)."""
+    from pixelsmith.core.schedules import build_scheduler
+
+    built = BuiltOptimizers([], [], [], {}, {})
+    total = schedule.total_steps or max_steps
+    for spec in definitions:
+        factory = optimizer_factory(spec.optimizer, f"optimizer {spec.name}")
+        opt = build_optimizer(factory, spec.params, spec.lr_scale, spec.betas_power, impl)
+        built.names.append(spec.name)
+        built.optimizers.append(opt)
+        built.schedulers.append(
+            build_scheduler(opt, schedule.name, schedule.warmup_steps, total, schedule.min_lr_ratio)
+        )
+        built.scaling[spec.name] = (spec.lr_scale, spec.betas_power)
+        owned = {id(p) for p in spec.params}
+        built.float_buffers[spec.name] = [
+            b
+            for net in networks.values()
+            if any(id(p) in owned for p in net.parameters())
+            for b in net.buffers()
+            if b.is_floating_point()
+        ]
+    seen: set[int] = set()
+    for name, group in built.float_buffers.items():
+        built.float_buffers[name] = [b for b in group if not (id(b) in seen or seen.add(id(b)))]
+    return built

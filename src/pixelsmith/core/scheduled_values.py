@@ -10,6 +10,7 @@ device read), a device tensor from the device's own count under `hardware.cuda_g
 from __future__ import annotations
 
 from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 import torch
@@ -61,6 +62,19 @@ class ScheduledValues:
             self.schedules[name] = ScalarSchedule.from_config(schedule_config(name, node), name)
         self.setters = {name: targets[name] for name in self.schedules}
 
+    def step_lr_schedulers(self, schedulers: dict[str, Any], constant_rate: bool) -> None:
+        """Advance each optimizer's lr scheduler by an iteration, except where a schedule here sets its rate. With
+        `constant_rate` (a graphed run at a constant rate) a step would refill the learning-rate tensor with its own
+        value (kernels every iteration): the count alone advances, as in a stepped scheduler."""
+        for name, scheduler in schedulers.items():
+            if self.sets_learning_rate(name):
+                continue
+            if constant_rate:
+                scheduler.last_epoch += 1
+                scheduler._step_count += 1
+            else:
+                scheduler.step()
+
     def apply(self, images_seen: int | torch.Tensor) -> dict[str, Any]:
         """Write every scheduled value for the coming iteration; returns them for the logs."""
         values = {}
@@ -69,6 +83,26 @@ class ScheduledValues:
             self.setters[name](value)
             values[f"schedule/{name}"] = value
         return values
+
+
+def core_targets(
+    optimizers: list[str], set_optimizer: Callable[[list[str], str, float | torch.Tensor], None], emas: list
+) -> dict[str, Setter]:
+    """The core's own targets: `lr`, `beta1`, `beta2` (every optimizer) and `<optimizer>_lr` / `_beta1` / `_beta2`
+    (one), written by `set_optimizer(names, key, value)`; and `ema_half_life_kimg` (every EMA, when there is one)."""
+    targets: dict[str, Setter] = {}
+    for key in ("lr", "beta1", "beta2"):
+        targets[key] = partial(set_optimizer, optimizers, key)
+        for name in optimizers:
+            targets[f"{name}_{key}"] = partial(set_optimizer, [name], key)
+    if emas:
+
+        def set_half_life(value: float | torch.Tensor) -> None:
+            for ema in emas:
+                ema.set_half_life_kimg(value)
+
+        targets["ema_half_life_kimg"] = set_half_life
+    return targets
 
 
 def set_optimizer_value(

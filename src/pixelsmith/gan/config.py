@@ -11,7 +11,7 @@ from typing import Any
 from omegaconf import MISSING
 
 from pixelsmith.config.choices import choice
-from pixelsmith.core.config import EMAConfig, OptimizerConfig
+from pixelsmith.core.config import CoreModelConfig, OptimizerConfig
 
 
 class StyleGAN2Upsampling(StrEnum):
@@ -51,7 +51,7 @@ class GANObjectiveConfig:
 
 
 @dataclass
-class GANModelConfig:
+class GANModelConfig(CoreModelConfig):
     """`model/_gan_schema`: a GAN with any G/D (`{_target_: ..., kwargs}`, instantiated by the module). A fork's own
     networks use this schema as they are; the shipped networks have typed configs (DCGANModelConfig,
     StyleGAN2ModelConfig below), and a fork gets the same by a subclass narrowing `generator`/`discriminator`."""
@@ -66,13 +66,9 @@ class GANModelConfig:
     objective: Any = None
     g_optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
     d_optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
-    ema: EMAConfig = field(default_factory=EMAConfig)
     sample_grid_size: int = 64
-    # Hyper-parameters moved by the images seen (core/schedules.py): name -> {start, final, shape, horizon_kimg, ...};
-    # names: lr, beta1, beta2, G_lr, D_beta2, ..., ema_half_life_kimg, augment_p and the objective's (gamma, ...).
-    # Each node is checked against ScalarScheduleConfig when the model is built (a typed dict of dataclasses would
-    # refuse `+model.schedules.lr={start: ...}` on the command line, an OmegaConf limitation).
-    schedules: dict[str, Any] = field(default_factory=dict)
+    # model.ema and model.schedules come from CoreModelConfig; the GAN schedules lr, beta1, beta2, G_lr, D_beta2, ...,
+    # ema_half_life_kimg, augment_p and its objective's scalars (gamma, ...).
 
 
 @dataclass

@@ -12,5 +12,10 @@ SCHEMAS = [
     ("model", "_r3gan_schema", R3GANModelConfig),
 ]
 SHAPING_CONFIG_PREFIXES = ("model.generator.", "model.discriminator.")
+# Keys that add tensors by their value: a regularizer with state (the path-length mean).
+SHAPING_CONFIG_PATTERNS = (r"model\.objective\.regularizers\.[^.]+\._target_",)
+# Keys whose other value makes the same tensors compute another function (StyleGAN2's resampling: bilinear then a
+# 3x3 conv, or a transposed conv then a [1,3,3,1] blur): a resume with another value is refused (run/resume.py).
+FUNCTION_CONFIG_KEYS = ("model.generator.upsampling", "model.discriminator.downsampling")
 # OmegaConf resolvers the part's presets use: NVlabs' 'auto' heuristics and kimg -> iterations (experiment=stylegan2_*)
 RESOLVERS = [register_stylegan2_resolvers]

@@ -61,6 +61,7 @@ CONFIG_RULES: list[Rule] = [
         "must be an integer >= 0 (0 = unconditional, else the number of classes of the one-hot labels)",
         "0",
     ),
+    Rule("model.sample_grid_size", positive_int, "must be at least 1", "64"),
     *optimizer_rules("model.g_optimizer"),
     *optimizer_rules("model.d_optimizer"),
 ]

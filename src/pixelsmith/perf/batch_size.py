@@ -103,7 +103,7 @@ def search_batch_size(
             raise PixelsmithError(
                 f"auto batch: even a batch of {batch} does not fit the memory budget "
                 f"({budget_mb:.0f} MB). Raise auto_batch.ram_budget_gb / gpu_budget_fraction, use a smaller model, "
-                "or enable gradient checkpointing (model.generator.gradient_checkpointing=true for StyleGAN2)."
+                "or turn on the networks' gradient checkpointing where the model has it (docs/stylegan2.md)."
                 if budget_mb
                 else f"auto batch: even a batch of {batch} does not fit."
             )

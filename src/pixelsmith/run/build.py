@@ -115,7 +115,7 @@ def build_model(cfg: DictConfig, core: CoreSettings) -> L.LightningModule:
     """`cfg.model` as plain keyword arguments (nested `_target_` nodes are instantiated by the model itself), plus
     the core settings and the augmentation module. Not `hydra.utils.instantiate(cfg.model, core=...)`: that would
     turn the CoreSettings dataclass into a DictConfig, which then ends up pickled inside checkpoints."""
-    kwargs = upgrade_legacy_gan_config(OmegaConf.to_container(cfg.model, resolve=True))
+    kwargs = OmegaConf.to_container(cfg.model, resolve=True)
     cls = _locate(kwargs.pop("_target_"))
     try:
         augment = instantiate(cfg.augment) if cfg.get("augment") and cfg.augment.get("_target_") else None
@@ -131,35 +131,3 @@ def build_model(cfg: DictConfig, core: CoreSettings) -> L.LightningModule:
         if cause is None:
             raise
         raise cause from err
-
-
-LEGACY_GAN_KEYS = ("loss", "r1_gamma", "r1_interval")
-LEGACY_LOSSES = {
-    "non_saturating": "pixelsmith.gan.objectives.NonSaturatingLoss",
-    "hinge": "pixelsmith.gan.objectives.HingeLoss",
-}
-
-
-def upgrade_legacy_gan_config(model: dict) -> dict:
-    """A GAN model config from before the objective (`model.loss`, `model.r1_gamma`, `model.r1_interval`, as stored
-    in older checkpoints) as the equivalent `model.objective`, so `evaluate.py` and a resume keep working on them."""
-    if not any(key in model for key in LEGACY_GAN_KEYS) or "objective" in model:
-        return model
-    model = dict(model)
-    loss = model.pop("loss", "non_saturating")
-    gamma, interval = float(model.pop("r1_gamma", 0.0)), int(model.pop("r1_interval", 16))
-    if loss not in LEGACY_LOSSES:
-        raise PixelsmithError(
-            f"model.loss={loss!r} in a stored config is unknown; choose one of {sorted(LEGACY_LOSSES)}."
-        )
-    model["objective"] = {
-        "_target_": "pixelsmith.gan.objectives.GANObjective",
-        "loss": {"_target_": LEGACY_LOSSES[loss]},
-        "regularizers": {
-            "r1": {"_target_": "pixelsmith.gan.objectives.R1Penalty", "gamma": gamma, "interval": interval}
-        },
-    }
-    log.info(
-        "Read a GAN config from before model.objective (model.loss=%s, R1 gamma=%g): upgraded.", loss, gamma
-    )
-    return model

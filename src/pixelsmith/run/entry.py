@@ -240,30 +240,3 @@ def _record(output_dir: Path, payload: dict[str, Any]) -> None:
     payload["overrides"] = overrides
     name = "failed.json" if payload["status"] == "failed" else "result.json"
     (output_dir / name).write_text(json.dumps(payload, indent=2, default=str))
-
-
-# Command-line keys renamed by the GAN objective (model.objective, pixelsmith/gan/objectives.py): the old name, and
-# how to write the override now ({value} is the old override's value).
-RENAMED_OVERRIDES = {
-    "model.loss": "model/objective/loss={value}",
-    "model.r1_gamma": "model.objective.regularizers.r1.gamma={value}",
-    "model.r1_interval": "model.objective.regularizers.r1.interval={value}",
-}
-
-
-def refuse_renamed_overrides(argv: list[str]) -> None:
-    """Stop with one paragraph when the command line uses a key that was renamed, naming the new spelling: Hydra's
-    own message ("Key 'loss' is not in struct") would not say where the setting went."""
-    found = []
-    for arg in argv:
-        key, sep, value = arg.lstrip("+~").partition("=")
-        if sep and key in RENAMED_OVERRIDES:
-            found.append(f"{arg} -> {RENAMED_OVERRIDES[key].format(value=value)}")
-    if found:
-        print(
-            "These overrides use keys that moved into the GAN objective (model.objective): "
-            + "; ".join(found)
-            + ". Write them the new way (README: How to add your own GAN, objective, model or hardware profile).",
-            file=sys.stderr,
-        )
-        raise SystemExit(2)

@@ -21,7 +21,7 @@ from pixelsmith.core.config import CoreSettings
 from pixelsmith.errors import PixelsmithError
 from pixelsmith.hardware.plan import apply_plan
 from pixelsmith.run.build import build_datamodule, build_model, build_plan
-from pixelsmith.run.resume import check_resume_path, with_legacy_network_settings
+from pixelsmith.run.resume import check_resume_path
 
 log = logging.getLogger(__name__)
 
@@ -63,7 +63,7 @@ def evaluate(cfg: DictConfig) -> dict[str, float]:
     ckpt_path = check_resume_path(cfg.ckpt_path)
     checkpoint = load_checkpoint(ckpt_path)
     # A checkpoint from before a network setting existed is rebuilt as the network it was trained as.
-    stored = OmegaConf.create(with_legacy_network_settings(checkpoint["pixelsmith_config"]))
+    stored = OmegaConf.create(checkpoint["pixelsmith_config"])
     _check_generates_images(ckpt_path, stored.model)
     if OmegaConf.to_container(cfg.model, resolve=True) != OmegaConf.to_container(stored.model):
         log.warning(

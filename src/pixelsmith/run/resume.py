@@ -10,7 +10,7 @@ Each check runs at start-up, before the run writes anything, and ends in one par
   width...); names what differs between the run config stored in the checkpoint (`pixelsmith_config`) and this run's,
   and how to resume with the checkpoint's own settings or start afresh. `explain_load_error` turns the error of a
   mismatch that only the load itself finds into the same kind of paragraph. It also refuses weights that fit but were
-  trained for another function of them (StyleGAN2's resampling: `with_legacy_network_settings`).
+  trained for another function of them (`check_same_function`: a part's FUNCTION_CONFIG_KEYS).
 
 `resume_command` builds the command that continues a run in its own dir (printed after Ctrl-C or a preemption).
 """
@@ -18,6 +18,7 @@ Each check runs at start-up, before the run writes anything, and ends in one par
 from __future__ import annotations
 
 import contextlib
+import re
 import shlex
 import sys
 from collections.abc import Mapping
@@ -169,42 +170,6 @@ def _shaping_prefixes() -> tuple[str, ...]:
 _SHAPING_KEYS = ("data.resolution", "data.channels", "augment._target_")
 _NOT_SHAPING = ("gradient_checkpointing",)
 
-# Network settings added after checkpoints were written, with the value that those checkpoints' networks had: a
-# stored config without the key means that value. StyleGAN2's resampling switches give the same tensor shapes either
-# way, so the weights load, but they were trained for another function (bilinear vs transposed conv + FIR). D's
-# architecture changes its tensors (orig has no `skip`), so a mismatch is refused by shape; filling it in only lets the
-# message say "resnet in the checkpoint" rather than "(absent)".
-_STYLEGAN2_GENERATOR = "pixelsmith.gan.networks.stylegan2.StyleGAN2Generator"
-_STYLEGAN2_DISCRIMINATOR = "pixelsmith.gan.networks.stylegan2.StyleGAN2Discriminator"
-_LEGACY_NETWORK_SETTINGS = {
-    _STYLEGAN2_GENERATOR: {"upsampling": "bilinear", "num_fp16_res": None, "conv_clamp": None},
-    _STYLEGAN2_DISCRIMINATOR: {
-        "downsampling": "avg_pool",
-        "num_fp16_res": None,
-        "conv_clamp": None,
-        "architecture": "resnet",
-    },
-}
-# Of those, the ones a resume may not change (the others only change the precision the same function runs in).
-_FUNCTION_KEYS = ("model.generator.upsampling", "model.discriminator.downsampling")
-
-
-def with_legacy_network_settings(config: Mapping[str, Any] | None) -> dict[str, Any] | None:
-    """A stored run config (plain dict) with the network settings it predates filled in with the values its networks
-    had (see _LEGACY_NETWORK_SETTINGS), so it rebuilds the network it was trained as (evaluate.py) and compares
-    with this run's config key by key."""
-    if not config:
-        return None if config is None else dict(config)
-    config = dict(config)
-    model = dict(config.get("model") or {})
-    for role in ("generator", "discriminator"):
-        network = model.get(role)
-        if isinstance(network, Mapping) and network.get("_target_") in _LEGACY_NETWORK_SETTINGS:
-            model[role] = {**_LEGACY_NETWORK_SETTINGS[network["_target_"]], **network}
-    if model:
-        config["model"] = model
-    return config
-
 
 def _flatten(node: Any, prefix: str = "") -> dict[str, Any]:
     if isinstance(node, Mapping):
@@ -219,14 +184,14 @@ def _shaping(flat: dict[str, Any]) -> dict[str, Any]:
     return {
         key: value
         for key, value in flat.items()
-        if (key in _SHAPING_KEYS or key.startswith(_shaping_prefixes()) or _is_regularizer_target(key))
+        if (key in _SHAPING_KEYS or key.startswith(_shaping_prefixes()) or _matches_shaping_pattern(key))
         and not any(part in key for part in _NOT_SHAPING)
     }
 
 
-def _is_regularizer_target(key: str) -> bool:
-    # A regularizer with state (the path-length mean) adds tensors to the model.
-    return key.startswith("model.objective.regularizers.") and key.endswith("._target_")
+def _matches_shaping_pattern(key: str) -> bool:
+    # A part's keys that add tensors by their value (a GAN regularizer with state: the path-length mean).
+    return any(re.fullmatch(pattern, key) for pattern in contributed("SHAPING_CONFIG_PATTERNS"))
 
 
 def _model_name(config: Mapping[str, Any]) -> str:
@@ -239,7 +204,6 @@ def config_differences(stored: Mapping[str, Any] | None, current: Mapping[str, A
     "key: <checkpoint's> in the checkpoint, <this run's> here"; empty where nothing does (or nothing is stored)."""
     if not stored:
         return []
-    stored = with_legacy_network_settings(stored)
     differences = []
     ours, theirs = _model_name(current), _model_name(stored)
     if ours != theirs:
@@ -284,17 +248,16 @@ def check_weights_fit(
 def check_same_function(
     stored: Mapping[str, Any] | None, path: Path, cfg: DictConfig, auto_resumed: bool
 ) -> None:
-    """Refuse weights that fit this run's networks but were trained for another function of them: StyleGAN2's
-    resampling (a checkpoint from before the switch, or with the other value) would load and silently become another
-    generator or discriminator."""
-    stored = with_legacy_network_settings(stored)
+    """Refuse weights that fit this run's networks but were trained for another function of them: the keys each
+    part names in its FUNCTION_CONFIG_KEYS (StyleGAN2's resampling), whose other value would load the same tensors
+    and silently make another network of them."""
     if not stored or _model_name(stored) != _model_name(OmegaConf.to_container(cfg, resolve=True)):
         return
     flat_stored = _flatten(stored)
     current = _flatten(OmegaConf.to_container(cfg, resolve=True))
     differ = [
         (key, flat_stored[key], current[key])
-        for key in _FUNCTION_KEYS
+        for key in contributed("FUNCTION_CONFIG_KEYS")
         if key in flat_stored and key in current and flat_stored[key] != current[key]
     ]
     if not differ:
@@ -307,12 +270,10 @@ def check_same_function(
         else "leave out ckpt_path (the run starts from random weights)"
     )
     raise CheckpointMismatchError(
-        f"{_naming(path, auto_resumed)} was trained with another resampling than this run asks for ({named}; a "
-        "checkpoint written before these settings existed has bilinear / avg_pool). Its weights have the same shapes, "
-        "so they would load, but as another network: the generator's up path (bilinear, then a 3x3 conv; or a "
-        "transposed conv, then a [1,3,3,1] blur) and the discriminator's down path compute different functions of "
-        f"the same weights. To resume it, add {given} to the command; to train the resampling this run asks for, "
-        f"{afresh}."
+        f"{_naming(path, auto_resumed)} was trained with other network settings than this run asks for ({named}). "
+        "Its weights have the same shapes, so they would load, but as another network: these settings change the "
+        f"function the same weights compute. To resume it, add {given} to the command; to train with the settings "
+        f"this run asks for, {afresh}."
     )
 
 
