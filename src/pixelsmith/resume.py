@@ -167,7 +167,8 @@ def _shaping_prefixes() -> tuple[str, ...]:
 
 
 _SHAPING_KEYS = ("data.resolution", "data.channels", "augment._target_")
-_NOT_SHAPING = ("gradient_checkpointing",)
+# Same tensors either way (Freeze-D keeps frozen weights as buffers of the same names), so a resume may change them.
+_NOT_SHAPING = ("gradient_checkpointing", "freeze_layers")
 
 # Network settings added after checkpoints were written, with the value that those checkpoints' networks had: a
 # stored config without the key means that value. StyleGAN2's resampling switches give the same tensor shapes either
@@ -183,6 +184,7 @@ _LEGACY_NETWORK_SETTINGS = {
         "num_fp16_res": None,
         "conv_clamp": None,
         "architecture": "resnet",
+        "freeze_layers": 0,
     },
 }
 # Of those, the ones a resume may not change (the others only change the precision the same function runs in).

@@ -68,6 +68,9 @@ class GANModelConfig:
     d_optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
     ema: EMAConfig = field(default_factory=EMAConfig)
     sample_grid_size: int = 64
+    # Start G, D and G_ema from these weights (fine-tuning): an NVlabs network pickle (.pkl, read as data:
+    # pixelsmith.gan.nvlabs) or a Pixelsmith checkpoint. A resume (ckpt_path=) loads its own weights over them.
+    init_from: str | None = None
     # Hyper-parameters moved by the images seen (core/schedules.py): name -> {start, final, shape, horizon_kimg, ...};
     # names: lr, beta1, beta2, G_lr, D_beta2, ..., ema_half_life_kimg, augment_p and the objective's (gamma, ...).
     # Each node is checked against ScalarScheduleConfig when the model is built (a typed dict of dataclasses would
@@ -138,6 +141,7 @@ class StyleGAN2DiscriminatorConfig:
     num_fp16_res: int | None = 4
     conv_clamp: float | None = 256.0  # clamp conv outputs to +-this (fp16 overflow guard); null: no clamp
     architecture: str = choice(StyleGAN2DArchitecture, "resnet")  # NVlabs' D architecture (cifar: orig)
+    freeze_layers: int = 0  # NVlabs' Freeze-D (--freezed=N): the first N conv layers keep their weights
 
 
 @dataclass
