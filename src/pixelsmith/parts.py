@@ -8,6 +8,8 @@ present contribute instead of importing them, so deleting a part's folder with i
                               (`conf/model/<x>.yaml` starts with `defaults: [<name>, _self_]`)
     SHAPING_CONFIG_PREFIXES   config keys that decide the part's network tensors (a resume that does not fit the
                               checkpoint names the ones that differ)
+    CHECKPOINT_READERS        [(suffix, "module.function")]: files of another format the part reads into a checkpoint
+                              dict for evaluate.py (`ckpt_path=X.pkl`); train.py refuses them as resume points
 
 Everything else a part brings is reached through the config tree (`_target_` paths) or the model object itself
 (e.g. its `breakdown_phases`). `part.py` should import only the part's schemas: it is imported before every

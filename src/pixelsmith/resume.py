@@ -86,6 +86,8 @@ def open_checkpoint(ckpt_path: str, auto_resumed: bool = False) -> tuple[Path, d
             f"ckpt_path={ckpt_path!r} does not exist. Resume from a run's checkpoints/last.ckpt (or a step_*.ckpt), "
             "e.g. ckpt_path=outputs/train/runs/<date>/checkpoints/last.ckpt."
         )
+    if any(path.suffix.lower() == suffix for suffix, _ in contributed("CHECKPOINT_READERS")):
+        raise PixelsmithError(_not_a_run_message(ckpt_path))
     try:
         state = load_for_resume(path)
     except Exception as err:
@@ -108,7 +110,17 @@ def open_checkpoint(ckpt_path: str, auto_resumed: bool = False) -> tuple[Path, d
             "'state_dict' entries). Resume from a checkpoint written by train.py (a run's checkpoints/last.ckpt or "
             "step_*.ckpt)."
         )
+    if state.get("converted_from"):
+        raise PixelsmithError(_not_a_run_message(ckpt_path))
     return path, state
+
+
+def _not_a_run_message(ckpt_path: str) -> str:
+    return (
+        f"ckpt_path={ckpt_path!r} holds a published network (an NVlabs pickle, or what convert.py made of one), not "
+        "a training run: there is no optimizer state or iteration to resume. Start a run from its weights instead: "
+        f"model.init_from={ckpt_path} (experiment=stylegan2_finetune; docs/pretrained.md)."
+    )
 
 
 def _naming(path: Path, auto_resumed: bool) -> str:

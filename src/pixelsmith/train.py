@@ -18,7 +18,7 @@ import torch
 import torch._dynamo
 from hydra.utils import instantiate
 from lightning.pytorch.callbacks import ProgressBar
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig, OmegaConf, open_dict
 
 from pixelsmith.builders import build_core_settings, build_datamodule, build_model, build_plan
 from pixelsmith.callbacks.host_sync import HostSyncCheck
@@ -319,6 +319,11 @@ def _fit_in(
     L.seed_everything(cfg.seed, workers=True, verbose=False)
     core = build_core_settings(cfg, plan)
     datamodule = build_datamodule(cfg, plan)
+    if checkpoint is not None and cfg.model.get("init_from"):
+        # A resume loads the checkpoint's own weights: model.init_from's file is not read again (it may be gone).
+        cfg = cfg.copy()
+        with open_dict(cfg):
+            cfg.model.init_from = None
     model = build_model(cfg, core)
     # The data's own checks (a missing or empty folder, broken or far too small files under data.on_corrupt=error, an
     # archive at another resolution) and whether the model can take its labels: refused here, the run dir holds

@@ -49,6 +49,7 @@ class GANModule(TrainingCore):
         sample_grid_size: int = 64,
         schedules: Any = None,
         augment: nn.Module | None = None,
+        init_from: str | None = None,
         _target_: str | None = None,  # accepted so a config node can be passed whole
     ):
         super().__init__(core)
@@ -67,6 +68,10 @@ class GANModule(TrainingCore):
         self.augment = augment
         self.z_dim = int(self.generator.z_dim)
         self.G_ema = self.add_ema("G", self.generator, ema_cfg)
+        if init_from:  # fine-tuning: G, D and G_ema start from a published or earlier network
+            from pixelsmith.gan.pretrained import init_module_from
+
+            init_module_from(self, str(init_from))
         self._timing_forwards = True  # off inside regularisation phases, which are timed whole
         self._plan: tuple[tuple[str, ...], bool] | None = (
             None  # iteration_plan's, for the coming train_iteration

@@ -10,3 +10,5 @@ SCHEMAS = [
     ("model", "_r3gan_schema", R3GANModelConfig),
 ]
 SHAPING_CONFIG_PREFIXES = ("model.generator.", "model.discriminator.")
+# evaluate.py ckpt_path=X.pkl: an NVlabs network pickle, read as data and converted (pixelsmith.gan.nvlabs).
+CHECKPOINT_READERS = [(".pkl", "pixelsmith.gan.pretrained.read_checkpoint_pickle")]
