@@ -17,12 +17,15 @@ from pathlib import Path
 from pixelsmith.argv_options import parse_key_values
 from pixelsmith.errors import PixelsmithError
 
-HELP = __doc__ + """
+HELP = (
+    __doc__
+    + """
 Options (key=value):
   source=PATH   an NVlabs network pickle (stylegan2-ada-pytorch, or stylegan3 --cfg=stylegan2)
   dest=PATH     the checkpoint to write (.ckpt); refused if it exists unless overwrite=true
   overwrite=BOOL
 """
+)
 
 
 class ConvertError(PixelsmithError):
@@ -66,7 +69,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         options = parse_key_values(argv, ConvertOptions, ConvertError, "convert.py")
         if not options.source or not options.dest:
-            raise ConvertError("source=... (an NVlabs network pickle) and dest=... (the .ckpt to write) are required.")
+            raise ConvertError(
+                "source=... (an NVlabs network pickle) and dest=... (the .ckpt to write) are required."
+            )
         for line in convert(options.source, options.dest, options.overwrite):
             print(line)
     except PixelsmithError as err:

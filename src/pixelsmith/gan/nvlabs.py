@@ -77,7 +77,9 @@ class _EasyDict(dict):
 def _reconstruct_persistent_obj(meta: Any) -> PersistentObject:
     if not isinstance(meta, dict) or not isinstance(meta.get("state"), dict):
         raise pickle.UnpicklingError("a persistent object without its state dict")
-    return PersistentObject(str(meta.get("class_name")), str(meta.get("module_src") or ""), dict(meta["state"]))
+    return PersistentObject(
+        str(meta.get("class_name")), str(meta.get("module_src") or ""), dict(meta["state"])
+    )
 
 
 def _load_storage(data: bytes) -> Any:
@@ -134,7 +136,9 @@ class NVlabsUnpickler(pickle.Unpickler):
         return allowed
 
     def persistent_load(self, pid: Any) -> Any:
-        raise pickle.UnpicklingError(f"a persistent id ({type(pid).__name__}): a torch.save file, not a pickle")
+        raise pickle.UnpicklingError(
+            f"a persistent id ({type(pid).__name__}): a torch.save file, not a pickle"
+        )
 
 
 def _refusal(key: str, path: Path, what: str) -> str:
@@ -308,7 +312,12 @@ def _discriminator_name(name: str, block_index: dict[str, int], top: str) -> str
         return None
     block, layer, rest = parts[0], parts[1], ".".join(parts[2:])
     if block == "b4":
-        epilogue = {"fromrgb": "epilogue_from_image", "conv": "epilogue_conv", "fc": "epilogue_fc", "out": "out"}
+        epilogue = {
+            "fromrgb": "epilogue_from_image",
+            "conv": "epilogue_conv",
+            "fc": "epilogue_fc",
+            "out": "out",
+        }
         return f"{epilogue[layer]}.{rest}"
     if layer == "fromrgb":
         return f"from_image.{rest}" if block == top else f"blocks.{block_index[block]}.from_image.{rest}"
@@ -348,7 +357,8 @@ def convert_pickle(path: str | Path, key: str = "source") -> Converted:
     except (KeyError, IndexError, ValueError) as err:
         raise _differs(path, f"a tensor named where StyleGAN2 has none ({err})") from None
     report = [
-        f"{k}: {len(v)} tensors, {sum(t.numel() for t in v.values()):,} values" for k, v in state_dicts.items()
+        f"{k}: {len(v)} tensors, {sum(t.numel() for t in v.values()):,} values"
+        for k, v in state_dicts.items()
     ]
     extras = {"training_set_kwargs": dict(data.get("training_set_kwargs") or {})}
     augment = data.get("augment_pipe")
@@ -373,7 +383,9 @@ def load_into(converted: Converted, networks: dict[str, torch.nn.Module], source
 
 def _load_strict(network: torch.nn.Module, state: dict[str, Tensor]) -> list[str]:
     own = network.state_dict()
-    problems = [f"{k}: missing in the pickle" for k in own if k not in state and not k.endswith("noise_const")]
+    problems = [
+        f"{k}: missing in the pickle" for k in own if k not in state and not k.endswith("noise_const")
+    ]
     problems += [f"{k}: not in this network" for k in state if k not in own and not k.endswith("noise_const")]
     problems += [
         f"{k}: {tuple(state[k].shape)} in the pickle, {tuple(v.shape)} here"

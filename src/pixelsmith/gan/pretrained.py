@@ -91,7 +91,11 @@ def compose_run_config(overrides: list[str]) -> Any:
 
 def network_overrides(converted: Converted) -> list[str]:
     """convert's settings as overrides of experiment=stylegan2_finetune (resolution and channels via data.*)."""
-    overrides = [o for o in converted.overrides() if o.split("=")[0].rsplit(".", 1)[1] not in ("resolution", "channels")]
+    overrides = [
+        o
+        for o in converted.overrides()
+        if o.split("=")[0].rsplit(".", 1)[1] not in ("resolution", "channels")
+    ]
     return [
         f"data.resolution={converted.generator['resolution']}",
         f"data.channels={converted.generator['channels']}",
@@ -99,7 +103,9 @@ def network_overrides(converted: Converted) -> list[str]:
     ]
 
 
-def checkpoint_from_pickle(path: str | os.PathLike, key: str = "source", extra: list[str] | None = None) -> dict:
+def checkpoint_from_pickle(
+    path: str | os.PathLike, key: str = "source", extra: list[str] | None = None
+) -> dict:
     """A Pixelsmith checkpoint (what train.py writes, at iteration 0) holding the pickle's G, D and G_ema, with the
     run config of `experiment=stylegan2_finetune` at the pickle's settings: evaluate.py, generate.py and
     model.init_from take it."""
@@ -174,9 +180,11 @@ def load_generator(ckpt_path: str, key: str = "ckpt_path") -> tuple[nn.Module, d
         name = "stylegan2"
     else:
         checkpoint = load_data_only(path, key, CHECKPOINT_ADVICE)
-        stored = with_legacy_network_settings((checkpoint or {}).get("pixelsmith_config")) if isinstance(
-            checkpoint, dict
-        ) else None
+        stored = (
+            with_legacy_network_settings((checkpoint or {}).get("pixelsmith_config"))
+            if isinstance(checkpoint, dict)
+            else None
+        )
         model_cfg = (stored or {}).get("model") or {}
         if not isinstance(model_cfg.get("generator"), dict) or "_target_" not in model_cfg["generator"]:
             raise PixelsmithError(
