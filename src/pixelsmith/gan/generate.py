@@ -527,7 +527,8 @@ def run(cfg: DictConfig) -> dict[str, Any]:
             images = to_uint8(images_for_seeds(gen, seeds, psi, cutoff, class_idx, int(cfg.batch_size), bar))
         if mode == "images":
             written += [
-                str(save_png(image, outdir / f"seed{seed:04d}.png")) for seed, image in zip(seeds, images)
+                str(save_png(image, outdir / f"seed{seed:04d}.png"))
+                for seed, image in zip(seeds, images, strict=True)
             ]
         else:
             columns = int(cfg.grid_columns or math.ceil(math.sqrt(len(seeds))))
