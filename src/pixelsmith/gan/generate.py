@@ -158,6 +158,16 @@ def ws_of(gen: Generator, zs: Tensor, c: Tensor | None, psi: float, cutoff: int 
     return gen.net.mapping(zs.to(gen.device), c, truncation_psi=psi, truncation_cutoff=cutoff)
 
 
+def _draws_random_noise(net: nn.Module) -> bool:
+    for module in net.modules():
+        if getattr(module, "noise_strength", None) is not None and hasattr(module, "noise_mode"):
+            if module.noise_mode == "random" or (
+                module.noise_mode == "const" and "noise_const" not in module._buffers
+            ):
+                return True
+    return False
+
+
 @torch.no_grad()
 def images_for_seeds(
     gen: Generator,
@@ -172,12 +182,15 @@ def images_for_seeds(
     random noise (where the model draws any) from a generator seeded with it."""
     if (psi != 1.0 or cutoff is not None) and not gen.has_w:
         gen.needs_w(f"truncation_psi={psi}")
+    # Random noise maps are drawn per image from a generator seeded with its seed, so an image never depends on the
+    # seeds beside it in a batch: such a network runs one seed at a time.
+    step = 1 if _draws_random_noise(gen.net) else max(1, batch_size)
     out = []
-    for start in range(0, len(seeds), batch_size):
-        chunk = seeds[start : start + batch_size]
+    for start in range(0, len(seeds), step):
+        chunk = seeds[start : start + step]
         zs = torch.cat([seed_z(s, gen.z_dim) for s in chunk]).to(gen.device)
         c = labels(gen, class_idx, len(chunk))
-        torch.manual_seed(chunk[0])  # noise_mode=random: reproducible per batch of seeds
+        torch.manual_seed(chunk[0])
         if gen.has_w:
             images = gen.net.synthesis(ws_of(gen, zs, c, psi, cutoff))
         else:
