@@ -123,12 +123,19 @@ def _pil(array: np.ndarray) -> Image.Image:
     return Image.fromarray(array[..., 0] if array.shape[-1] == 1 else array)
 
 
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
 def _write_atomically(path: Path, write) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     handle, tmp = tempfile.mkstemp(prefix=f".{path.stem}.", suffix=path.suffix, dir=path.parent)
     os.close(handle)
     try:
         write(tmp)
+        os.chmod(tmp, 0o666 & ~_umask())  # mkstemp's 0600 would make outputs private
         os.replace(tmp, path)
     finally:
         if os.path.exists(tmp):
@@ -160,11 +167,12 @@ def ws_of(gen: Generator, zs: Tensor, c: Tensor | None, psi: float, cutoff: int 
 
 def _draws_random_noise(net: nn.Module) -> bool:
     for module in net.modules():
-        if getattr(module, "noise_strength", None) is not None and hasattr(module, "noise_mode"):
-            if module.noise_mode == "random" or (
-                module.noise_mode == "const" and "noise_const" not in module._buffers
-            ):
-                return True
+        noisy = getattr(module, "noise_strength", None) is not None and hasattr(module, "noise_mode")
+        if noisy and (
+            module.noise_mode == "random"
+            or (module.noise_mode == "const" and "noise_const" not in module._buffers)
+        ):
+            return True
     return False
 
 
@@ -439,7 +447,7 @@ def project(
         optimizer.zero_grad(set_to_none=True)
         total.backward()
         optimizer.step()
-        losses.append(float(dist))
+        losses.append(float(dist.detach()))
         with torch.no_grad():
             for buffer in buffers:
                 buffer -= buffer.mean()
@@ -589,3 +597,23 @@ def run(cfg: DictConfig) -> dict[str, Any]:
     for path in written:
         print(path)
     return {"written": float(len(written))}
+
+
+def main() -> None:
+    """`python generate.py` / `pixelsmith-generate`: Hydra composes conf/generate.yaml (the packaged tree in a plain
+    install); a PixelsmithError is one paragraph on stderr and exit 2, never a traceback."""
+    import sys
+
+    import hydra
+
+    from pixelsmith.paths import CONF_DIR
+
+    @hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name="generate")
+    def _main(cfg: DictConfig) -> None:
+        try:
+            run(cfg)
+        except PixelsmithError as err:
+            print(f"error: {err}", file=sys.stderr)
+            sys.exit(2)
+
+    _main()

@@ -158,6 +158,9 @@ def save_atomically(obj: Any, dest: Path) -> None:
     os.close(handle)
     try:
         torch.save(obj, tmp)
+        mask = os.umask(0)
+        os.umask(mask)
+        os.chmod(tmp, 0o666 & ~mask)  # mkstemp's 0600 would make the checkpoint private
         os.replace(tmp, dest)
     finally:
         if os.path.exists(tmp):
