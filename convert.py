@@ -12,7 +12,14 @@ from pathlib import Path
 # clone would otherwise run here, with this checkout's configs (pixelsmith.paths).
 sys.path.insert(0, str(Path(__file__).resolve().parent / "src"))
 
+from pixelsmith.config.schema import register_configs
 from pixelsmith.gan.convert import main
+from pixelsmith.hardware import register_detected_profile
+from pixelsmith.paths import register_resolvers
+
+register_configs()  # the checkpoint's run config is composed from conf/, as train.py composes it
+register_resolvers()
+register_detected_profile()
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -31,6 +31,10 @@ CHECKPOINT_ADVICE = (
 )
 
 
+_STYLEGAN2_GENERATOR = "pixelsmith.gan.networks.stylegan2.StyleGAN2Generator"
+_STYLEGAN2_LEGACY = {"upsampling": "bilinear", "num_fp16_res": None, "conv_clamp": None}
+
+
 def is_pickle(path: str | os.PathLike) -> bool:
     return Path(path).suffix.lower() == ".pkl"
 
@@ -76,11 +80,11 @@ def compose_run_config(overrides: list[str]) -> Any:
     from hydra import compose, initialize_config_dir
     from hydra.core.global_hydra import GlobalHydra
 
-    from pixelsmith.config.schema import register_configs
     from pixelsmith.hardware import register_detected_profile
     from pixelsmith.paths import CONF_DIR, register_resolvers
 
-    register_configs()
+    # The schemas are registered by the entry point (convert.py, pixelsmith.cli.convert, evaluate.py), as for
+    # every composition: pixelsmith.config sits above this part.
     register_resolvers()
     register_detected_profile()
     if GlobalHydra.instance().is_initialized():
@@ -173,7 +177,6 @@ def load_generator(ckpt_path: str, key: str = "ckpt_path") -> tuple[nn.Module, d
     from hydra.utils import instantiate
 
     from pixelsmith.gan.networks.stylegan2 import StyleGAN2Generator
-    from pixelsmith.resume import with_legacy_network_settings
 
     path = Path(ckpt_path).expanduser()
     if is_pickle(path):
@@ -183,19 +186,20 @@ def load_generator(ckpt_path: str, key: str = "ckpt_path") -> tuple[nn.Module, d
         name = "stylegan2"
     else:
         checkpoint = load_data_only(path, key, CHECKPOINT_ADVICE)
-        stored = (
-            with_legacy_network_settings((checkpoint or {}).get("pixelsmith_config"))
-            if isinstance(checkpoint, dict)
-            else None
-        )
-        model_cfg = (stored or {}).get("model") or {}
+        stored = checkpoint.get("pixelsmith_config") if isinstance(checkpoint, dict) else None
+        model_cfg = dict((stored or {}).get("model") or {})
         if not isinstance(model_cfg.get("generator"), dict) or "_target_" not in model_cfg["generator"]:
             raise PixelsmithError(
                 f"{key}={path} holds no GAN generator config (pixelsmith_config.model.generator): it was not "
                 f"written by a GAN training run. {CHECKPOINT_ADVICE}"
             )
         states = networks_of_checkpoint(checkpoint)
-        generator = instantiate(model_cfg["generator"])
+        generator_cfg = dict(model_cfg["generator"])
+        if generator_cfg["_target_"] == _STYLEGAN2_GENERATOR:
+            # A checkpoint from before these switches existed was trained with these values (as
+            # pixelsmith.resume's legacy network settings, which evaluate.py applies).
+            generator_cfg = {**_STYLEGAN2_LEGACY, **generator_cfg}
+        generator = instantiate(generator_cfg)
         state = states["G_ema"] or states["G"]
         try:
             generator.load_state_dict(state, strict=True)
