@@ -289,3 +289,24 @@ def test_finetuning_starts_from_the_pickle_trains_and_keeps_frozen_layers(tmp_pa
     key = "synthesis.blocks.1.conv0.conv.weight"
     ema, start = state[f"G_ema.model.{key}"], theirs["G_ema"][key]
     assert (ema - start).norm() < 0.01 * start.norm() < (theirs["G"][key] - start).norm()
+
+
+def test_evaluate_measures_a_pickle_against_the_commands_images(tmp_path):
+    from pixelsmith.evaluate import evaluate
+
+    root = tmp_path / "digits"
+    root.mkdir()
+    rng = np.random.default_rng(0)
+    for index in range(32):
+        Image.fromarray(rng.integers(0, 256, (32, 32), dtype=np.uint8)).save(root / f"{index}.png")
+    overrides = ["~local", "hardware=cpu", f"ckpt_path={SKIP_GRAY}", "data=image_folder", f"data.root={root}"]
+    overrides += [
+        "data.batch_size=16",
+        "eval.num_samples=32",
+        "eval.reference_samples=32",
+        "eval.metrics=[fid]",
+    ]
+    overrides += ["eval.extractor=mnist", "eval.batch_size=16"]
+    scores = evaluate(compose_config(overrides, tmp_path / "eval", "evaluate"))
+    assert scores["num_generated"] == 32 and scores["num_real"] == 32 and scores["fid"] > 0
+    assert "model: stylegan2, iteration 0" in (tmp_path / "eval" / "metrics.md").read_text()

@@ -70,7 +70,11 @@ def _check_generates_images(ckpt_path: Path, model_cfg: DictConfig) -> None:
 
 
 def evaluate(cfg: DictConfig) -> dict[str, float]:
-    ckpt_path = _check_resume_path(cfg.ckpt_path)
+    read_by_a_part = any(
+        str(cfg.ckpt_path).lower().endswith(suffix) for suffix, _ in contributed("CHECKPOINT_READERS")
+    )
+    # A part's own format (an NVlabs pickle) is a network, not a run: its reader checks it, not the resume checks.
+    ckpt_path = str(Path(cfg.ckpt_path).expanduser()) if read_by_a_part else _check_resume_path(cfg.ckpt_path)
     checkpoint = load_checkpoint(ckpt_path)
     # A checkpoint from before a network setting existed is rebuilt as the network it was trained as.
     stored = OmegaConf.create(with_legacy_network_settings(checkpoint["pixelsmith_config"]))
