@@ -205,3 +205,18 @@ def test_the_command_writes_each_mode_and_refuses_bad_input(tmp_path):
         with pytest.raises(PixelsmithError, match=says):
             run(_cfg(*base, *bad, f"outdir={tmp_path / 'bad'}"))
     assert not (tmp_path / "bad").exists()
+
+
+def test_a_conditional_model_draws_the_class_it_is_given_and_asks_for_one():
+    torch.manual_seed(0)
+    net = StyleGAN2Generator(
+        resolution=16, channels=3, z_dim=8, w_dim=8, mapping_layers=1, channel_base=64, channel_max=8, c_dim=3
+    ).eval()
+    set_noise_mode(net, "none")
+    gen = Generator(net, "stylegan2", True, 3, torch.device("cpu"))
+    first, second = (images_for_seeds(gen, [4], class_idx=k) for k in (0, 2))
+    assert (first - second).abs().max() > 1e-3  # the label changes the image, the seed being the same
+    torch.testing.assert_close(first, net(seed_z(4, 8), torch.eye(3)[:1]))
+    for missing in (None, 3):
+        with pytest.raises(GenerateError, match="class-conditional .* give class_idx=0..2"):
+            images_for_seeds(gen, [4], class_idx=missing)

@@ -250,22 +250,24 @@ def test_finetuning_starts_from_the_pickle_trains_and_keeps_frozen_layers(tmp_pa
 
     converted = convert_pickle(RESNET)
     frozen = 3  # NVlabs' --freezed=3: fromRGB, then the first block's conv0 and conv1
-    cfg = compose_config(
-        [
-            "experiment=stylegan2_finetune",
-            *FAST,
-            f"data.root={_image_folder(tmp_path / 'images')}",
-            "data.batch_size=4",
-            "max_steps=3",
-            f"model.init_from={RESNET}",
-            f"model.discriminator.freeze_layers={frozen}",
-            *network_overrides(converted),
-            "train.time_budget_minutes=null",
-        ],
-        tmp_path / "run",
-    )
-    run(cfg)
-    state = last_checkpoint(tmp_path / "run")["state_dict"]
+    overrides = [
+        "experiment=stylegan2_finetune",
+        *FAST,
+        f"data.root={_image_folder(tmp_path / 'images')}",
+        "data.batch_size=4",
+        f"model.init_from={RESNET}",
+        f"model.discriminator.freeze_layers={frozen}",
+        *network_overrides(converted),
+        "train.time_budget_minutes=null",
+    ]
+    run(compose_config([*overrides, "max_steps=2"], tmp_path / "run"))
+    # The run resumes from its own checkpoint (the pickle's noise maps included), not from the pickle again.
+    last = tmp_path / "run" / "checkpoints" / "last.ckpt"
+    run(compose_config([*overrides, "max_steps=3", f"ckpt_path={last}"], tmp_path / "run"))
+    checkpoint = last_checkpoint(tmp_path / "run")
+    assert checkpoint["pixelsmith"]["iteration"] == 3
+    state = checkpoint["state_dict"]
+    assert "generator.synthesis.blocks.1.conv0.noise_const" in state
     theirs = converted.state_dicts
     frozen_keys = [
         k for k in theirs["D"] if k.startswith(("from_image.", "blocks.0.conv0.", "blocks.0.conv1."))
@@ -310,3 +312,55 @@ def test_evaluate_measures_a_pickle_against_the_commands_images(tmp_path):
     scores = evaluate(compose_config(overrides, tmp_path / "eval", "evaluate"))
     assert scores["num_generated"] == 32 and scores["num_real"] == 32 and scores["fid"] > 0
     assert "model: stylegan2, iteration 0" in (tmp_path / "eval" / "metrics.md").read_text()
+
+
+@pytest.mark.parametrize(
+    "architecture, layers", [("resnet", 1 + 3 * 4), ("orig", 1 + 2 * 3), ("skip", 3 * 3)]
+)
+def test_freeze_d_counts_layers_as_nvlabs_and_keeps_them_out_of_the_optimizer(architecture, layers):
+    from pixelsmith.errors import ConfigError
+
+    def build(freeze: int) -> StyleGAN2Discriminator:
+        return StyleGAN2Discriminator(
+            resolution=32 if architecture != "resnet" else 64, channels=3, channel_base=128, channel_max=8,
+            architecture=architecture, freeze_layers=freeze,
+        )  # fmt: skip
+
+    assert len(build(0).layers_in_order()) == layers
+    D = build(2)
+    frozen = {id(t) for layer in D.layers_in_order()[:2] for t in layer.buffers()}
+    assert frozen and not frozen & {id(p) for p in D.parameters()}
+    assert set(D.state_dict()) == set(build(0).state_dict())  # the same keys: checkpoints load either way
+    D.requires_grad_(True)  # as a phase toggles D: frozen weights stay buffers
+    assert len(list(D.parameters())) == len(list(build(0).parameters())) - 2 * 2  # weight and bias of each
+    with pytest.raises(ConfigError, match=f"give 0 to {layers}"):
+        build(layers + 1)
+
+
+@pytest.mark.parametrize("model", ["dcgan", "r3gan", "stylegan2"])
+def test_the_image_tools_load_any_gan_checkpoints_ema_generator(model, tmp_path):
+    from hydra.utils import instantiate
+
+    configs = {
+        "dcgan": {"_target_": "pixelsmith.gan.networks.dcgan.DCGANGenerator", "resolution": 32, "channels": 1,
+                  "z_dim": 8, "ngf": 8},
+        "r3gan": {"_target_": "pixelsmith.gan.networks.r3gan.R3GANGenerator", "resolution": 16, "channels": 3,
+                  "z_dim": 8, "widths": [8, 8, 8], "groups": [2, 2, 2], "c_dim": 3},
+        "stylegan2": {"_target_": "pixelsmith.gan.networks.stylegan2.StyleGAN2Generator", "resolution": 16,
+                      "channels": 3, "z_dim": 8, "w_dim": 8, "mapping_layers": 1, "channel_base": 64,
+                      "channel_max": 8},
+    }  # fmt: skip
+    torch.manual_seed(0)
+    G, G_ema = instantiate(configs[model]), instantiate(configs[model])
+    state = {f"generator.{k}": v for k, v in G.state_dict().items()}
+    state |= {f"G_ema.model.{k}": v for k, v in G_ema.state_dict().items()}
+    path = tmp_path / "run.ckpt"
+    torch.save(
+        {"state_dict": state, "pixelsmith_config": {"model": {"name": model, "generator": configs[model]}}},
+        path,
+    )
+    loaded, info = load_generator(str(path))
+    assert info["model"] == model and info["has_w"] == (model == "stylegan2")
+    assert info["c_dim"] == (3 if model == "r3gan" else 0)
+    for key, tensor in G_ema.state_dict().items():  # the EMA generator, not G
+        assert torch.equal(loaded.state_dict()[key], tensor), key

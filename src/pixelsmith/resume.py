@@ -289,7 +289,13 @@ def check_weights_fit(
     model: torch.nn.Module, checkpoint: Mapping[str, Any], path: Path, cfg: DictConfig, auto_resumed: bool
 ) -> None:
     """Refuse, at start-up, a checkpoint whose tensors do not fit `model` (built, not yet trained)."""
-    problems = _tensor_differences(model.state_dict(), checkpoint.get("state_dict") or {})
+    saved = checkpoint.get("state_dict") or {}
+    # Buffers a network registers as it loads them (a converted NVlabs network's noise maps): the model says which.
+    registers_on_load = getattr(model, "registers_on_load", None)
+    if callable(registers_on_load):
+        own = model.state_dict()
+        saved = {k: v for k, v in saved.items() if k in own or not registers_on_load(k)}
+    problems = _tensor_differences(model.state_dict(), saved)
     if problems:
         raise mismatch_error(problems, checkpoint.get("pixelsmith_config"), path, cfg, auto_resumed)
     check_same_function(checkpoint.get("pixelsmith_config"), path, cfg, auto_resumed)

@@ -87,6 +87,12 @@ class GANModule(TrainingCore):
         self.add_schedules(schedules)
         self._check_batch(core)
 
+    @staticmethod
+    def registers_on_load(key: str) -> bool:
+        """State a network adds as it loads it, so a checkpoint holding it fits a freshly built model: the noise maps
+        of a StyleGAN2 converted from an NVlabs pickle (`SynthesisLayer.noise_const`)."""
+        return key.endswith(".noise_const")
+
     def _check_batch(self, core: CoreSettings) -> None:
         """At start-up (a training run's core carries its config and plan), refuse a micro-batch D's minibatch
         standard deviation or the objective's draws cannot use, naming the batch sizes that work."""
