@@ -364,3 +364,16 @@ def test_the_image_tools_load_any_gan_checkpoints_ema_generator(model, tmp_path)
     assert info["c_dim"] == (3 if model == "r3gan" else 0)
     for key, tensor in G_ema.state_dict().items():  # the EMA generator, not G
         assert torch.equal(loaded.state_dict()[key], tensor), key
+
+
+def test_the_finetune_preset_without_a_network_stops_before_training(tmp_path):
+    from pixelsmith.errors import PixelsmithError
+    from pixelsmith.train import run
+
+    cfg = compose_config(
+        ["experiment=stylegan2_finetune", *FAST, f"data.root={_image_folder(tmp_path / 'i')}"],
+        tmp_path / "run",
+    )
+    with pytest.raises(PixelsmithError, match=r"model.init_from is required here .*model.init_from=NETWORK.pkl"):
+        run(cfg)
+    assert not (tmp_path / "run" / "checkpoints").exists()

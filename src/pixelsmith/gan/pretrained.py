@@ -23,6 +23,9 @@ from pixelsmith.safe_load import load_data_only
 
 log = logging.getLogger(__name__)
 
+# What a preset that needs a starting network puts in model.init_from (a `???` would not survive the merge onto the
+# schema's null): refused with what to give.
+REQUIRED = "required"
 # State-dict prefixes of each network inside a Pixelsmith GAN checkpoint (GANModule's attributes).
 PREFIXES = {"G": "generator.", "D": "discriminator.", "G_ema": "G_ema.model."}
 CHECKPOINT_ADVICE = (
@@ -49,6 +52,12 @@ def networks_of_checkpoint(checkpoint: dict[str, Any]) -> dict[str, dict[str, to
 
 def init_module_from(module: nn.Module, source: str) -> None:
     """Load G, D and G_ema of `module` (a GANModule) from `source` (model.init_from), refusing what does not fit."""
+    if source == REQUIRED:
+        raise PixelsmithError(
+            "model.init_from is required here (experiment=stylegan2_finetune starts from a trained network): give "
+            "model.init_from=NETWORK.pkl (an NVlabs pickle) or a Pixelsmith .ckpt; docs/pretrained.md says where "
+            "NVlabs' networks are."
+        )
     networks = {"G": module.generator, "D": module.discriminator}
     if getattr(module, "G_ema", None) is not None:
         networks["G_ema"] = module.G_ema.model
