@@ -374,6 +374,8 @@ def test_the_finetune_preset_without_a_network_stops_before_training(tmp_path):
         ["experiment=stylegan2_finetune", *FAST, f"data.root={_image_folder(tmp_path / 'i')}"],
         tmp_path / "run",
     )
-    with pytest.raises(PixelsmithError, match=r"model.init_from is required here .*model.init_from=NETWORK.pkl"):
+    with pytest.raises(
+        PixelsmithError, match=r"model.init_from is required here .*model.init_from=NETWORK.pkl"
+    ):
         run(cfg)
     assert not (tmp_path / "run" / "checkpoints").exists()
