@@ -220,3 +220,27 @@ def test_a_conditional_model_draws_the_class_it_is_given_and_asks_for_one():
     for missing in (None, 3):
         with pytest.raises(GenerateError, match="class-conditional .* give class_idx=0..2"):
             images_for_seeds(gen, [4], class_idx=missing)
+
+
+@pytest.mark.slow  # ~20 s on two loaded cores (a CNN's first calls at new shapes): the full run (`pytest --all`) only
+def test_projection_runs_under_an_lpips_loss_given_its_backbone_file(converted, tmp_path):
+    # A random squeezenet stands in for the ImageNet one (no download here): this checks the LPIPS road of
+    # projection (the backbone file read as data, grayscale/colour handling, the loss falling), not LPIPS' values.
+    import torchvision
+
+    weights = tmp_path / "squeezenet1_1.pth"
+    torch.manual_seed(0)
+    torch.save(torchvision.models.squeezenet1_1(weights=None).state_dict(), weights)
+    with torch.no_grad():
+        target = converted.net.synthesis(converted.net.mapping(seed_z(9, converted.z_dim)))[0]
+    options = {"lpips_net": "squeeze", "lpips_backbone_weights": str(weights)}
+    result = project(
+        converted,
+        target,
+        steps=40,
+        loss="lpips",
+        w_avg_samples=200,
+        optimize_noise=False,
+        loss_options=options,
+    )
+    assert result["final_loss"] < result["losses"][0]
