@@ -225,15 +225,16 @@ def test_convert_writes_a_checkpoint_generate_evaluate_and_init_from_take(tmp_pa
     assert "overwrite=true" in capsys.readouterr().err
 
 
-def test_train_refuses_a_pickle_or_converted_checkpoint_as_a_resume_point(tmp_path):
+def test_train_refuses_a_pickle_or_converted_checkpoint_as_a_resume_point(make_cfg, tmp_path):
     from pixelsmith.errors import PixelsmithError
-    from pixelsmith.resume import open_checkpoint
+    from pixelsmith.train import run
 
     dest = tmp_path / "net.ckpt"
     assert convert_main([f"source={RESNET}", f"dest={dest}"]) == 0
     for path in (RESNET, dest):
         with pytest.raises(PixelsmithError, match=r"no optimizer state .* model.init_from="):
-            open_checkpoint(str(path))
+            run(make_cfg(f"ckpt_path={path}", model="stylegan2"))
+        assert not (tmp_path / "run" / "checkpoints").exists()
 
 
 def _image_folder(root: Path, count: int = 8) -> Path:
@@ -293,15 +294,21 @@ def test_finetuning_starts_from_the_pickle_trains_and_keeps_frozen_layers(tmp_pa
     assert (ema - start).norm() < 0.01 * start.norm() < (theirs["G"][key] - start).norm()
 
 
-def test_evaluate_measures_a_pickle_against_the_commands_images(tmp_path):
+@pytest.mark.parametrize("form", ["pkl", "converted_ckpt"])
+def test_evaluate_measures_a_pickle_against_the_commands_images(tmp_path, form):
     from pixelsmith.evaluate import evaluate
+
+    source = SKIP_GRAY
+    if form == "converted_ckpt":
+        source = tmp_path / "net.ckpt"
+        assert convert_main([f"source={SKIP_GRAY}", f"dest={source}"]) == 0
 
     root = tmp_path / "digits"
     root.mkdir()
     rng = np.random.default_rng(0)
     for index in range(32):
         Image.fromarray(rng.integers(0, 256, (32, 32), dtype=np.uint8)).save(root / f"{index}.png")
-    overrides = ["~local", "hardware=cpu", f"ckpt_path={SKIP_GRAY}", "data=image_folder", f"data.root={root}"]
+    overrides = ["~local", "hardware=cpu", f"ckpt_path={source}", "data=image_folder", f"data.root={root}"]
     overrides += [
         "data.batch_size=16",
         "eval.num_samples=32",

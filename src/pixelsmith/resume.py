@@ -110,9 +110,13 @@ def open_checkpoint(ckpt_path: str, auto_resumed: bool = False) -> tuple[Path, d
             "'state_dict' entries). Resume from a checkpoint written by train.py (a run's checkpoints/last.ckpt or "
             "step_*.ckpt)."
         )
-    if state.get("converted_from"):
-        raise PixelsmithError(_not_a_run_message(ckpt_path))
     return path, state
+
+
+def refuse_converted(ckpt_path: str, checkpoint: Mapping[str, Any]) -> None:
+    """A resume from what convert.py wrote: it holds weights and a config but no run (evaluate.py takes it)."""
+    if checkpoint.get("converted_from"):
+        raise PixelsmithError(_not_a_run_message(ckpt_path))
 
 
 def _not_a_run_message(ckpt_path: str) -> str:

@@ -49,6 +49,7 @@ from pixelsmith.resume import (
     continue_command,
     explain_load_error,
     open_checkpoint,
+    refuse_converted,
 )
 from pixelsmith.run_dir import RUN_MARKER, claim_run_dir
 
@@ -308,6 +309,7 @@ def _fit_in(
     checkpoint = resume_iteration = None
     if ckpt_path is not None:
         path, checkpoint = open_checkpoint(ckpt_path, auto_resumed)
+        refuse_converted(ckpt_path, checkpoint)
         ckpt_path, resume_iteration = str(path), int(checkpoint["pixelsmith"].get("iteration", 0))
         check_not_finished(path, resume_iteration, cfg.max_steps, auto_resumed)
     apply_plan(plan)  # the plan's process-wide switches, the one place they are set
