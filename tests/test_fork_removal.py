@@ -55,6 +55,10 @@ FORK_PARTS: dict[str, tuple[str, ...]] = {
         "tests/test_train_gan.py",
         "tests/test_dcgan_paper.py",
         "tests/test_stylegan2_presets.py",
+        "tests/fixtures/nvlabs/",
+        "convert.py",
+        "generate.py",
+        "conf/generate.yaml",
     ),
 }
 # The GAN main job, tiny (as the other CLI tests run it): a narrow DCGAN on 256 MNIST digits, on CPU.

@@ -124,6 +124,39 @@ def test_every_weights_file_loader_refuses_a_crafted_file(crafted):
         assert not marker.exists(), key
 
 
+@pytest.mark.parametrize("entry", ["convert", "init_from", "generate", "evaluate"])
+def test_nvlabs_pickle_readers_refuse_a_crafted_pickle(make_cfg, crafted, tmp_path, capsys, entry):
+    """Every road an NVlabs network pickle (.pkl) takes in: convert.py source=, model.init_from=, generate.py and
+    evaluate.py ckpt_path=. Their restricted unpickler never calls what a file asks for beyond tensors' rebuild."""
+    pytest.importorskip("pixelsmith.gan", reason="a fork without the GAN part")
+    path, marker = crafted
+    pkl = path.rename(path.with_suffix(".pkl"))
+    if entry == "convert":
+        from pixelsmith.gan.convert import main
+
+        assert main([f"source={pkl}", f"dest={tmp_path / 'out.ckpt'}"]) == 2
+        message, key = capsys.readouterr().err.removeprefix("error: "), "source"
+        assert not (tmp_path / "out.ckpt").exists()
+    else:
+        with pytest.raises(PixelsmithError) as err:
+            if entry == "init_from":
+                from pixelsmith.run.fit import run
+
+                run(make_cfg(f"model.init_from={pkl}", model="stylegan2"))
+            elif entry == "generate":
+                from pixelsmith.gan.pretrained import load_generator
+
+                load_generator(str(pkl))
+            else:
+                from pixelsmith.run.evaluate import load_checkpoint
+
+                load_checkpoint(str(pkl))
+        message = str(err.value)
+        key = "model.init_from" if entry == "init_from" else "ckpt_path"
+    _refused(message, key)
+    assert not marker.exists()
+
+
 def test_shards_whose_index_declares_pickled_fields_are_refused_before_a_chunk_is_read(tmp_path):
     pytest.importorskip("litdata")
     from pixelsmith.data.shards import ShardsDataModule, ShardsError

@@ -14,6 +14,9 @@ present contribute instead of importing them, so deleting a part's folder with i
     RESOLVERS                 functions that register the OmegaConf resolvers the part's configs use
     CONFIG_RULES              range rules (`pixelsmith.config.rules.Rule`) for the part's config keys, checked at
                               start-up with the general ones
+    COMMANDS                  [(name, "module.function")]: commands the general entry points in cli/ run
+    CHECKPOINT_READERS        [(suffix, "module.function")]: files of another format the part reads into a checkpoint
+                              dict for evaluate.py (`ckpt_path=X.pkl`); train.py refuses them as resume points
 
 Everything else a part brings is reached through the config tree (`_target_` paths) or the model object itself
 (e.g. its `breakdown_phases`). `part.py` should import only the part's schemas: it is imported before every

@@ -183,10 +183,14 @@ class CoreSettings:
 @dataclass
 class CoreModelConfig:
     """The model keys the training core itself reads, for any model that inherits its schema from this one:
-    `model.ema` (the EMA copies, core/ema.py) and `model.schedules` (hyper-parameters moved by the images seen:
+    `model.ema` (the EMA copies, core/ema.py), `model.init_from` and `model.schedules` (hyper-parameters moved by the images seen:
     name -> {start, final, shape, horizon_kimg, ...}, core/scheduled_values.py). Each schedule node is checked against
     ScalarScheduleConfig when the model is built (a typed dict of dataclasses would refuse
     `+model.schedules.lr={start: ...}` on the command line, an OmegaConf limitation)."""
 
     ema: EMAConfig = field(default_factory=EMAConfig)
     schedules: dict[str, Any] = field(default_factory=dict)
+    # Start the networks from these weights (fine-tuning), where the model supports it (the GAN: an NVlabs network
+    # pickle, read as data, or a Pixelsmith checkpoint). A resume (ckpt_path=) loads its own weights and never reads
+    # this file again.
+    init_from: str | None = None

@@ -134,6 +134,7 @@ class StyleGAN2DiscriminatorConfig:
     num_fp16_res: int | None = 4
     conv_clamp: float | None = 256.0  # clamp conv outputs to +-this (fp16 overflow guard); null: no clamp
     architecture: str = choice(StyleGAN2DArchitecture, "resnet")  # NVlabs' D architecture (cifar: orig)
+    freeze_layers: int = 0  # NVlabs' Freeze-D (--freezed=N): the first N conv layers keep their weights
 
 
 @dataclass

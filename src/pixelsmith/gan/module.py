@@ -49,6 +49,7 @@ class GANModule(TrainingCore):
         sample_grid_size: int = 64,
         schedules: Any = None,
         augment: nn.Module | None = None,
+        init_from: str | None = None,
         _target_: str | None = None,  # accepted so a config node can be passed whole
     ):
         super().__init__(core)
@@ -67,6 +68,10 @@ class GANModule(TrainingCore):
         self.augment = augment
         self.z_dim = int(self.generator.z_dim)
         self.G_ema = self.add_ema("G", self.generator, ema_cfg)
+        if init_from:  # fine-tuning: G, D and G_ema start from a published or earlier network
+            from pixelsmith.gan.pretrained import init_module_from
+
+            init_module_from(self, str(init_from))
         self._timing_forwards = True  # off inside regularisation phases, which are timed whole
         self._plan: tuple[tuple[str, ...], bool] | None = (
             None  # iteration_plan's, for the coming train_iteration
@@ -81,6 +86,12 @@ class GANModule(TrainingCore):
             )
         self.add_schedules(schedules)
         self._check_batch(core)
+
+    @staticmethod
+    def registers_on_load(key: str) -> bool:
+        """State a network adds as it loads it, so a checkpoint holding it fits a freshly built model: the noise maps
+        of a StyleGAN2 converted from an NVlabs pickle (`SynthesisLayer.noise_const`)."""
+        return key.endswith(".noise_const")
 
     def _check_batch(self, core: CoreSettings) -> None:
         """At start-up (a training run's core carries its config and plan), refuse a micro-batch D's minibatch

@@ -19,3 +19,7 @@ SHAPING_CONFIG_PATTERNS = (r"model\.objective\.regularizers\.[^.]+\._target_",)
 FUNCTION_CONFIG_KEYS = ("model.generator.upsampling", "model.discriminator.downsampling")
 # OmegaConf resolvers the part's presets use: NVlabs' 'auto' heuristics and kimg -> iterations (experiment=stylegan2_*)
 RESOLVERS = [register_stylegan2_resolvers]
+# evaluate.py ckpt_path=X.pkl: an NVlabs network pickle, read as data and converted (pixelsmith.gan.nvlabs).
+CHECKPOINT_READERS = [(".pkl", "pixelsmith.gan.pretrained.read_checkpoint_pickle")]
+# Commands an installed package runs through general wrappers (cli/): name -> "module.function".
+COMMANDS = [("convert", "pixelsmith.gan.convert.main")]

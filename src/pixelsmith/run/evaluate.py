@@ -13,13 +13,14 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from hydra.utils import get_class
+from hydra.utils import get_class, get_method
 from omegaconf import DictConfig, OmegaConf
 
 from pixelsmith.callbacks.evaluation import build_gan_metric, generate_into
 from pixelsmith.core.config import CoreSettings
 from pixelsmith.errors import PixelsmithError
 from pixelsmith.hardware.plan import apply_plan
+from pixelsmith.parts import contributed
 from pixelsmith.run.build import build_datamodule, build_model, build_plan
 from pixelsmith.run.resume import check_resume_path
 
@@ -27,6 +28,10 @@ log = logging.getLogger(__name__)
 
 
 def load_checkpoint(path: str) -> dict[str, Any]:
+    # Files a part reads itself (the GAN part: NVlabs' network pickles, as data), by suffix.
+    for suffix, reader in contributed("CHECKPOINT_READERS"):
+        if Path(path).suffix.lower() == suffix:
+            return get_method(reader)(path)
     checkpoint = torch.load(path, map_location="cpu", weights_only=True)
     if "pixelsmith_config" not in checkpoint or not checkpoint["pixelsmith_config"]:
         raise PixelsmithError(
@@ -34,6 +39,10 @@ def load_checkpoint(path: str) -> dict[str, Any]:
             "`python train.py` (its checkpoints/ folder)."
         )
     return checkpoint
+
+
+def run_cfg_data_of(cfg: DictConfig) -> DictConfig:
+    return OmegaConf.create(OmegaConf.to_container(cfg.data, resolve=True))
 
 
 def _check_generates_images(ckpt_path: Path, model_cfg: DictConfig) -> None:
@@ -60,7 +69,11 @@ def _check_generates_images(ckpt_path: Path, model_cfg: DictConfig) -> None:
 
 
 def evaluate(cfg: DictConfig) -> dict[str, float]:
-    ckpt_path = check_resume_path(cfg.ckpt_path)
+    read_by_a_part = any(
+        str(cfg.ckpt_path).lower().endswith(suffix) for suffix, _ in contributed("CHECKPOINT_READERS")
+    )
+    # A part's own format (an NVlabs pickle) is a network, not a run: its reader checks it, not the resume checks.
+    ckpt_path = str(Path(cfg.ckpt_path).expanduser()) if read_by_a_part else check_resume_path(cfg.ckpt_path)
     checkpoint = load_checkpoint(ckpt_path)
     # A checkpoint from before a network setting existed is rebuilt as the network it was trained as.
     stored = OmegaConf.create(checkpoint["pixelsmith_config"])
@@ -80,6 +93,14 @@ def evaluate(cfg: DictConfig) -> dict[str, float]:
     run_cfg = OmegaConf.create(OmegaConf.to_container(cfg, resolve=True))
     run_cfg.model = stored.model
     run_cfg.data = stored.data
+    if checkpoint.get("converted_from"):
+        # A converted network was never trained here: the data to measure against is this command's, at the
+        # network's resolution and channels.
+        run_cfg.data = OmegaConf.merge(
+            run_cfg_data_of(cfg), {"resolution": stored.data.resolution, "channels": stored.data.channels}
+        )
+    if run_cfg.model.get("init_from"):
+        run_cfg.model.init_from = None  # the checkpoint's own weights are the ones measured
     run_cfg.augment = stored.get("augment")
     model = build_model(run_cfg, CoreSettings(precision=plan.precision, seed=int(stored.seed)))
     model.load_state_dict(checkpoint["state_dict"])

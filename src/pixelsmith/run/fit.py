@@ -16,7 +16,7 @@ from typing import Any
 import lightning as L
 import torch
 import torch._dynamo
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig, OmegaConf, open_dict
 
 from pixelsmith.config.validate import validate_config
 from pixelsmith.core.preemption import (
@@ -40,6 +40,7 @@ from pixelsmith.run.resume import (
     continue_command,
     explain_load_error,
     open_checkpoint,
+    refuse_converted,
 )
 from pixelsmith.run.run_dir import RUN_MARKER, claim_run_dir
 from pixelsmith.run.trainer import build_trainer
@@ -206,6 +207,7 @@ def _fit_in(
     checkpoint = resume_iteration = None
     if ckpt_path is not None:
         path, checkpoint = open_checkpoint(ckpt_path, auto_resumed)
+        refuse_converted(ckpt_path, checkpoint)
         ckpt_path, resume_iteration = str(path), int(checkpoint["pixelsmith"].get("iteration", 0))
         check_not_finished(path, resume_iteration, cfg.max_steps, auto_resumed)
     apply_plan(plan)  # the plan's process-wide switches, the one place they are set
@@ -217,6 +219,11 @@ def _fit_in(
     L.seed_everything(cfg.seed, workers=True, verbose=False)
     core = build_core_settings(cfg, plan)
     datamodule = build_datamodule(cfg, plan)
+    if checkpoint is not None and cfg.model.get("init_from"):
+        # A resume loads the checkpoint's own weights: model.init_from's file is not read again (it may be gone).
+        cfg = cfg.copy()
+        with open_dict(cfg):
+            cfg.model.init_from = None
     model = build_model(cfg, core)
     # The data's own checks (a missing or empty folder, broken or far too small files under data.on_corrupt=error, an
     # archive at another resolution) and whether the model can take its labels: refused here, the run dir holds

@@ -87,6 +87,8 @@ def open_checkpoint(ckpt_path: str, auto_resumed: bool = False) -> tuple[Path, d
             f"ckpt_path={ckpt_path!r} does not exist. Resume from a run's checkpoints/last.ckpt (or a step_*.ckpt), "
             "e.g. ckpt_path=outputs/train/runs/<date>/checkpoints/last.ckpt."
         )
+    if any(path.suffix.lower() == suffix for suffix, _ in contributed("CHECKPOINT_READERS")):
+        raise PixelsmithError(_not_a_run_message(ckpt_path))
     try:
         state = load_for_resume(path)
     except Exception as err:
@@ -110,6 +112,20 @@ def open_checkpoint(ckpt_path: str, auto_resumed: bool = False) -> tuple[Path, d
             "step_*.ckpt)."
         )
     return path, state
+
+
+def refuse_converted(ckpt_path: str, checkpoint: Mapping[str, Any]) -> None:
+    """A resume from what convert.py wrote: it holds weights and a config but no run (evaluate.py takes it)."""
+    if checkpoint.get("converted_from"):
+        raise PixelsmithError(_not_a_run_message(ckpt_path))
+
+
+def _not_a_run_message(ckpt_path: str) -> str:
+    return (
+        f"ckpt_path={ckpt_path!r} holds a published network (an NVlabs pickle, or what convert.py made of one), not "
+        "a training run: there is no optimizer state or iteration to resume. Start a run from its weights instead: "
+        f"model.init_from={ckpt_path} (experiment=stylegan2_finetune; docs/pretrained.md)."
+    )
 
 
 def _naming(path: Path, auto_resumed: bool) -> str:
@@ -168,7 +184,8 @@ def _shaping_prefixes() -> tuple[str, ...]:
 
 
 _SHAPING_KEYS = ("data.resolution", "data.channels", "augment._target_")
-_NOT_SHAPING = ("gradient_checkpointing",)
+# Same tensors either way (Freeze-D keeps frozen weights as buffers of the same names), so a resume may change them.
+_NOT_SHAPING = ("gradient_checkpointing", "freeze_layers")
 
 
 def _flatten(node: Any, prefix: str = "") -> dict[str, Any]:
@@ -239,7 +256,13 @@ def check_weights_fit(
     model: torch.nn.Module, checkpoint: Mapping[str, Any], path: Path, cfg: DictConfig, auto_resumed: bool
 ) -> None:
     """Refuse, at start-up, a checkpoint whose tensors do not fit `model` (built, not yet trained)."""
-    problems = _tensor_differences(model.state_dict(), checkpoint.get("state_dict") or {})
+    saved = checkpoint.get("state_dict") or {}
+    # Buffers a network registers as it loads them (a converted NVlabs network's noise maps): the model says which.
+    registers_on_load = getattr(model, "registers_on_load", None)
+    if callable(registers_on_load):
+        own = model.state_dict()
+        saved = {k: v for k, v in saved.items() if k in own or not registers_on_load(k)}
+    problems = _tensor_differences(model.state_dict(), saved)
     if problems:
         raise mismatch_error(problems, checkpoint.get("pixelsmith_config"), path, cfg, auto_resumed)
     check_same_function(checkpoint.get("pixelsmith_config"), path, cfg, auto_resumed)

@@ -362,15 +362,33 @@ class SynthesisLayer(nn.Module):
         strength = state_dict.get(prefix + "noise_strength")
         if strength is not None and strength.ndim == 0:  # checkpoints from before the (1,) shape
             state_dict[prefix + "noise_strength"] = strength.reshape(1)
+        const = state_dict.get(prefix + "noise_const")
+        if const is not None and "noise_const" not in self._buffers:
+            # Only networks converted from NVlabs' pickles carry it: registered on load, so every other checkpoint
+            # keeps the keys it always had and this one loads strictly.
+            self.register_buffer("noise_const", torch.empty_like(const, device=self.bias.device))
         super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
+
+    # "random": fresh noise per call (training; NVlabs' default); "const": the layer's `noise_const` buffer where it
+    # has one (a network converted from an NVlabs pickle: their generate.py's default), else random; "none": no
+    # noise. `set_noise_mode` sets it for a whole generator.
+    noise_mode = "random"
+
+    def _noise(self, x: Tensor) -> Tensor | None:
+        if self.noise_strength is None or self.noise_mode == "none":
+            return None
+        const = self._buffers.get("noise_const")
+        if self.noise_mode == "const" and const is not None:
+            return const.to(x.dtype)[None, None]
+        batch, _, height, width = x.shape
+        return torch.randn(batch, 1, height, width, device=x.device, dtype=x.dtype)
 
     def forward(self, x: Tensor, w: Tensor) -> Tensor:
         # leaky_relu(v) * sqrt(2) == leaky_relu(sqrt(2) * v): the gain rides on the demodulation coefficients, the
         # noise strength and the bias, so no pass over the activations multiplies by it.
         x = self.conv(x, w, output_gain=LEAKY_RELU_GAIN)
-        if self.noise_strength is not None:
-            batch, _, height, width = x.shape
-            noise = torch.randn(batch, 1, height, width, device=x.device, dtype=x.dtype)
+        noise = self._noise(x)
+        if noise is not None:
             x = x + noise * (self.noise_strength * LEAKY_RELU_GAIN).to(x.dtype)
         bias = (self.bias * LEAKY_RELU_GAIN).to(x.dtype)[None, :, None, None]
         return _clamp(F.leaky_relu(x + bias, LEAKY_RELU_SLOPE), self.conv_clamp)
@@ -787,6 +805,31 @@ class DiscriminatorBlock(nn.Module):
         return self.conv1(self.conv0(x)), self._downsample_image(image)
 
 
+def set_noise_mode(generator: nn.Module, mode: str) -> None:
+    """Every synthesis layer's noise: "random", "const" (the converted `noise_const` buffers) or "none"."""
+    _check_choice("noise_mode", mode, ("random", "const", "none"))
+    for module in generator.modules():
+        if isinstance(module, SynthesisLayer):
+            module.noise_mode = mode
+
+
+def _freeze(layers: list[nn.Module], count: int) -> int:
+    """NVlabs' Freeze-D (`--freezed=N`, `Conv2dLayer(trainable=False)`): the first `count` layers keep their weights
+    as buffers, not parameters. The optimizer never sees them and no phase's requires_grad_ toggling revives them;
+    the state_dict keys stay the same, so checkpoints load either way."""
+    if isinstance(count, bool) or not 0 <= count <= len(layers):
+        raise ConfigError(
+            f"model.discriminator.freeze_layers={count}: this discriminator has {len(layers)} conv layers to "
+            f"freeze (NVlabs' --freezed counts fromRGB, conv0, conv1 and skip per block); give 0 to {len(layers)}."
+        )
+    for layer in layers[:count]:
+        for name, param in list(layer._parameters.items()):
+            if param is not None:
+                del layer._parameters[name]
+                layer.register_buffer(name, param.detach())
+    return count
+
+
 class StyleGAN2Discriminator(nn.Module):
     """StyleGAN2 discriminator: ``D(images [N, channels, R, R]) -> logits [N]`` (fp32).
 
@@ -810,6 +853,7 @@ class StyleGAN2Discriminator(nn.Module):
         num_fp16_res: int | None = 4,
         conv_clamp: float | None = 256.0,
         architecture: str = "resnet",
+        freeze_layers: int = 0,
     ):
         super().__init__()
         _check_architecture(resolution, channels, channel_base, channel_max)
@@ -856,6 +900,19 @@ class StyleGAN2Discriminator(nn.Module):
         self.epilogue_fc = EqualizedLinear(ch(4) * 4 * 4, ch(4), activation=True)
         self.out = EqualizedLinear(ch(4), 1)
         self.epilogue_in_fp32 = num_fp16_res is not None
+        self.freeze_layers = _freeze(self.layers_in_order(), freeze_layers)
+
+    def layers_in_order(self) -> list[nn.Module]:
+        """D's conv layers counted as NVlabs' `DiscriminatorBlock` counts them for `freeze_layers` (fromRGB, conv0,
+        conv1, skip per block, from the input resolution down; the epilogue is never frozen)."""
+        layers: list[nn.Module] = [self.from_image]
+        for block in self.blocks:
+            if block.from_image is not None:
+                layers.append(block.from_image)
+            layers += [block.conv0, block.conv1]
+            if self.architecture == "resnet":
+                layers.append(block.skip)
+        return layers
 
     def compile_units(self) -> list[nn.Module]:
         """What `hardware.compile_scope=blocks` compiles, each its own graph: fromRGB, each block (with its own
