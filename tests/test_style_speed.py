@@ -224,3 +224,50 @@ def test_a_folder_through_threaded_png_and_padded_convolutions_writes_every_imag
             np.asarray(Image.open(tmp_path / "plain" / name)),
             np.asarray(Image.open(tmp_path / "fast" / name)),
         )
+
+
+@pytest.mark.bench
+def test_the_network_bench_prints_tflops_and_the_error_per_variant(capsys):
+    from benchmarks import style_network
+
+    argv = [
+        "--size",
+        "64x48",
+        "--tile",
+        "32",
+        "--tile-batch",
+        "2",
+        "--base-channels",
+        "4",
+        "--residual-blocks",
+        "1",
+    ]
+    argv += [
+        "--variants",
+        "eager_fp32",
+        "eager_bf16_cl",
+        "padded",
+        "--warmup",
+        "0",
+        "--repeats",
+        "1",
+        "--device",
+        "cpu",
+    ]
+    results = style_network.main(argv)
+    assert [(r["variant"], r["shape"]) for r in results] == [
+        (v, s) for s in ("whole 64x48", "tiles 2x32px") for v in ("eager_fp32", "eager_bf16_cl", "padded")
+    ]
+    for r in results:
+        assert r["tflops"] > 0 and r["error"] <= 1.0  # within one 8-bit level of fp32 on average
+    assert results[0]["error"] == 0.0
+    assert "| padded | whole 64x48 |" in capsys.readouterr().out
+
+
+def test_the_png_encoder_bench_prints_every_installed_encoder_and_pillow_reads_each_back():
+    from benchmarks import png_encoders
+
+    results = png_encoders.main(["--size", "96x64", "--repeats", "1", "--threads", "2"])
+    names = [r["name"] for r in results]
+    assert "Pillow level 6 (default)" in names and "ours zlib level 6, 2 thread(s)" in names
+    assert all(r["exact"] for r in results) and all(r["bytes"] > 0 for r in results)
