@@ -739,7 +739,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             )
         check_destinations(options)  # before the model loads and any image is read: minutes may follow
         if options.input is not None:
-            stylize_paths_checks(options)  # a bad option or a codec not installed: said before the model loads
+            stylize_paths_checks(
+                options
+            )  # a bad option or a codec not installed: said before the model loads
         model = load_stylizer_from_checkpoint(options.ckpt_path)
         if options.export_dir is not None:
             from pixelsmith.style.export import export_stylizer
