@@ -106,6 +106,21 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--base-channels", type=int, default=32)
     parser.add_argument("--residual-blocks", type=int, default=5)
     parser.add_argument("--no-peer", action="store_true", help="ours only")
+    parser.add_argument(
+        "--peer-images",
+        type=int,
+        default=None,
+        help="the peer stylizes only the first N images of each folder (its rate is per image; default: all)",
+    )
+    parser.add_argument(
+        "--peer-once",
+        action="store_true",
+        help="time the peer once per cell (after ours' warm-up round) instead of every repeat: it has no warm-up "
+        "to amortise, and at 8K to PNG each of its rounds costs a minute",
+    )
+    parser.add_argument(
+        "--png-encoder", default="auto", help="ours' png_encoder (auto | threaded | pil | fpng)"
+    )
     args = parser.parse_args(argv)
 
     from pixelsmith.style.stylize import StylizeOptions, resolve_device
@@ -145,6 +160,7 @@ def main(argv: list[str] | None = None) -> int:
                     precision=precision,
                     progress=False,
                     png_compress_level=args.png_compress_level,
+                    png_encoder=args.png_encoder,
                     format=fmt,
                 )
                 ours_rates, peer_rates, tflops, mfu = [], [], [], []
@@ -157,11 +173,12 @@ def main(argv: list[str] | None = None) -> int:
                     if summary.failed:
                         raise SystemExit(f"ours failed: {summary.failed}")
                     peer_seconds = None
-                    if not args.no_peer:
+                    peer_sources = sources[: args.peer_images] if args.peer_images else sources
+                    if not args.no_peer and not (args.peer_once and repeat != 1):
                         peer_out = scratch / f"peer_{label}_{fmt}_{repeat}"
                         peer_out.mkdir()
                         try:
-                            peer_seconds = peer_folder(peer_net, sources, peer_out, suffix, device)
+                            peer_seconds = peer_folder(peer_net, peer_sources, peer_out, suffix, device)
                         except torch.OutOfMemoryError:
                             peer_seconds = float("nan")
                             if on_gpu:
@@ -170,7 +187,7 @@ def main(argv: list[str] | None = None) -> int:
                         continue
                     ours_rates.append(count / seconds)
                     if peer_seconds is not None:
-                        peer_rates.append(count / peer_seconds)
+                        peer_rates.append(len(peer_sources) / peer_seconds)
                     flops = summary.flops_per_pixel * summary.pixels
                     tflops.append(flops / summary.wall_seconds / 1e12)
                     if summary.peak_flops:

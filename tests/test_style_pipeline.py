@@ -146,12 +146,13 @@ def test_png_compress_level_changes_the_size_not_the_pixels(tmp_path):
     )
 
 
-@pytest.mark.parametrize("suffix", [".png", ".jpg"])
+@pytest.mark.parametrize(("suffix", "encoder"), [(".png", "pil"), (".jpg", "auto"), (".png", "threaded")])
 def test_a_write_that_fails_midway_leaves_no_partial_image_under_the_final_name(
-    tmp_path, monkeypatch, suffix
+    tmp_path, monkeypatch, suffix, encoder
 ):
     """The encoder writes part of the image, then fails (a full disk, a killed worker): nothing stands under the
-    output's name, and an earlier image there is kept whole (overwrite=false would take a partial one for done)."""
+    output's name, and an earlier image there is kept whole (overwrite=false would take a partial one for done).
+    Pillow writes its files itself; the threaded PNG encoder's bytes go through `write_bytes_atomically`."""
     written: list[int] = []
 
     def half_then_fail(image, fp, filename):
@@ -160,20 +161,32 @@ def test_a_write_that_fails_midway_leaves_no_partial_image_under_the_final_name(
         written.append(500)
         raise OSError(28, "No space left on device")
 
-    monkeypatch.setitem(Image.SAVE, Image.registered_extensions()[suffix], half_then_fail)
+    def half_bytes_then_fail(self, data):
+        with open(self, "wb") as file:
+            file.write(data[:500])
+        written.append(500)
+        raise OSError(28, "No space left on device")
+
+    def break_writes():
+        if encoder == "threaded":
+            monkeypatch.setattr(Path, "write_bytes", half_bytes_then_fail)
+        else:
+            monkeypatch.setitem(Image.SAVE, Image.registered_extensions()[suffix], half_then_fail)
+
+    break_writes()
     rgb = photo(32, 24)
     fresh = tmp_path / f"fresh{suffix}"
     with pytest.raises(OSError, match="No space left"):
-        save_image(rgb, None, fresh, None)
+        save_image(rgb, None, fresh, None, png_encoder=encoder)
     assert written and not fresh.exists()
 
     earlier = tmp_path / f"earlier{suffix}"
     monkeypatch.undo()
-    save_image(np.zeros_like(rgb), None, earlier, None)
+    save_image(np.zeros_like(rgb), None, earlier, None, png_encoder=encoder)
     before = earlier.read_bytes()
-    monkeypatch.setitem(Image.SAVE, Image.registered_extensions()[suffix], half_then_fail)
+    break_writes()
     with pytest.raises(OSError, match="No space left"):
-        save_image(rgb, None, earlier, None)
+        save_image(rgb, None, earlier, None, png_encoder=encoder)
     assert earlier.read_bytes() == before
     assert sorted(p.name for p in tmp_path.iterdir()) == [earlier.name]  # no temporary file left beside it
 

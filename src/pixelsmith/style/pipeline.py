@@ -13,8 +13,11 @@ this process on its device; decoding and encoding run beside it:
   oddities) is decoded on the host instead, and the run says so once.
 - Every other format (and JPEG on a CPU device): Pillow in a pool of `workers` processes (default: the cores this
   device's process has, less one on a CPU device, whose network uses them). PNG output takes a compression level
-  (`png_compress_level`, 0-9; 1 encodes an 8K frame several times faster than Pillow's default 6, for ~10-20%
-  larger files).
+  (`png_compress_level`, 0-9, default 6) and an encoder (`png_encoder`): `auto`/`threaded` is `style.png`'s, which
+  deflates one image in strips on `png_threads` threads (an 8K frame at level 6 in a fraction of a second on a GPU
+  machine's cores, where Pillow takes ~7 s of one core); `fpng` (if installed) is fastest, at one fixed ~level-1
+  setting; `pil` is Pillow's. All write standard PNGs that Pillow reads back bit-exactly (docs/style-transfer-
+  performance.md has the measurements).
 
 At most `depth` decoded images wait for the network and `depth` results wait for their encoder, so memory is
 bounded whatever the folder's size. Writes are atomic (a hidden `.partial` file renamed into place), so a killed
@@ -49,7 +52,104 @@ ALPHA_FORMATS = {".png", ".webp", ".tif", ".tiff"}
 JPEG_SUFFIXES = (".jpg", ".jpeg")
 JPEG_QUALITY = 95
 MIN_SIDE = 16  # smallest image side (and tile) the stylizers' padding and downsampling handle
-JPEG_CODECS = ("auto", "pil", "torchvision")
+JPEG_CODECS = ("auto", "pil", "torchvision", "nvimgcodec")
+
+
+def nvimgcodec_package() -> str:
+    """The PyPI name of NVIDIA's nvImageCodec for this torch's CUDA (cu12, cu13)."""
+    major = (torch.version.cuda or "12").split(".")[0]
+    return f"nvidia-nvimgcodec-cu{major}"
+
+
+def check_jpeg_codec(name: str, device: torch.device) -> None:
+    """Refuse, at start-up, a jpeg_codec that is unknown, or nvimgcodec where it cannot run; the message names the
+    fix. (nvimgcodec decodes on the GPU with the hardware JPEG decoder where the GPU has one; it is tried only when
+    asked for: torchvision's nvJPEG stays the default.)"""
+    if name not in JPEG_CODECS:
+        raise ValueError(f"jpeg_codec={name!r}; choose one of {', '.join(JPEG_CODECS)}.")
+    if name != "nvimgcodec":
+        return
+    if device.type != "cuda":
+        raise ValueError(
+            f"jpeg_codec=nvimgcodec decodes on a CUDA GPU, but this job runs on {device}: use device=cuda, or "
+            "jpeg_codec=auto (Pillow in the codec workers on a CPU)."
+        )
+    try:
+        from nvidia import nvimgcodec  # noqa: F401
+    except ImportError:
+        raise ValueError(
+            f"jpeg_codec=nvimgcodec but NVIDIA's nvImageCodec is not installed here. Install it for this torch's "
+            f"CUDA {torch.version.cuda}: `pip install {nvimgcodec_package()}` (or `pip install 'pixelsmith[nvimgcodec]'` "
+            "for CUDA 12), or use jpeg_codec=auto: torchvision's nvJPEG, the default."
+        ) from None
+
+
+_nvimgcodec_decoders: dict[int, Any] = {}
+
+
+def decode_jpeg_nvimgcodec(source: Path, device: torch.device) -> Tensor:
+    """(H, W, 3) uint8 on `device` decoded by nvImageCodec (hardware JPEG decoder where there is one), EXIF
+    orientation applied; the decoder is made once per device."""
+    from nvidia import nvimgcodec
+
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    decoder = _nvimgcodec_decoders.get(index)
+    if decoder is None:
+        decoder = _nvimgcodec_decoders[index] = nvimgcodec.Decoder(device_id=index)
+    params = nvimgcodec.DecodeParams(apply_exif_orientation=True, color_spec=nvimgcodec.ColorSpec.RGB)
+    image = decoder.decode(source.read_bytes(), params=params)
+    if image is None:
+        raise ImageReadError(f"{source}: nvImageCodec could not decode it")
+    pixels = torch.as_tensor(image, device=device)
+    # As with nvJPEG (pytorch/vision#9606): the decode ran on the codec's stream; wait for it before the network reads.
+    torch.cuda.current_stream(device).synchronize()
+    if pixels.dim() != 3 or pixels.shape[2] != 3:
+        raise ImageReadError(f"{source}: decoded to shape {tuple(pixels.shape)}, not (H, W, 3)")
+    return pixels
+
+
+PNG_ENCODERS = ("auto", "threaded", "pil", "fpng")
+
+
+class PngEncoderUnavailableError(RuntimeError):
+    """png_encoder names an encoder whose package is not installed here."""
+
+
+def check_png_encoder(name: str) -> None:
+    """Refuse, at start-up, a png_encoder that is unknown or not installed; the message names the fix."""
+    if name not in PNG_ENCODERS:
+        raise ValueError(f"png_encoder={name!r}; choose one of {', '.join(PNG_ENCODERS)}.")
+    if name == "fpng":
+        try:
+            import fpng  # noqa: F401
+        except ImportError:
+            raise PngEncoderUnavailableError(
+                "png_encoder=fpng but the fpng package is not installed here. Install it (`pip install fpng`, or "
+                "`pip install 'pixelsmith[png]'`), or use png_encoder=auto: the threaded zlib encoder that needs "
+                "nothing extra (zlib-ng, from the same extra, makes it about 2x faster)."
+            ) from None
+
+
+def png_bytes(
+    rgb: np.ndarray,
+    alpha: np.ndarray | None,
+    icc_profile: bytes | None,
+    level: int,
+    encoder: str,
+    threads: int | None,
+) -> bytes | None:
+    """The PNG file's bytes from `encoder` (None for `pil`: Pillow writes the file itself)."""
+    if encoder in ("auto", "threaded"):
+        from pixelsmith.style.png import encode_png
+
+        return encode_png(rgb, alpha, icc_profile, level=level, threads=threads)
+    if encoder == "fpng":
+        if alpha is not None or icc_profile:
+            return png_bytes(rgb, alpha, icc_profile, level, "threaded", threads)  # fpng writes neither
+        import fpng
+
+        return fpng.from_ndarray(np.ascontiguousarray(rgb))
+    return None
 
 
 # ------------------------------------------------------------------------------------------------- encoding
@@ -61,14 +161,22 @@ def save_image(
     path: Path,
     icc_profile: bytes | None,
     png_compress_level: int = 6,
+    png_encoder: str = "auto",
+    png_threads: int | None = None,
 ) -> None:
-    """Write an image with Pillow, atomically (written next to its name, then renamed)."""
+    """Write an image atomically (written next to its name, then renamed): PNG with `png_encoder` (`png_bytes`),
+    everything else with Pillow. png_threads: threads for one PNG (None: this process's cores)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     if alpha is not None and path.suffix.lower() not in ALPHA_FORMATS:
         warnings.warn(
             f"{path}: {path.suffix} cannot store transparency; the alpha channel was dropped.", stacklevel=2
         )
         alpha = None
+    if path.suffix.lower() == ".png":
+        data = png_bytes(rgb, alpha, icc_profile, png_compress_level, png_encoder, png_threads)
+        if data is not None:
+            write_bytes_atomically(data, path)
+            return
     image = Image.fromarray(rgb, "RGB")
     if alpha is not None:
         image.putalpha(Image.fromarray(alpha, "L"))
@@ -169,11 +277,13 @@ def encode_on_host(
     icc_profile: bytes | None,
     target: Path,
     png_compress_level: int,
+    png_encoder: str = "auto",
+    png_threads: int | None = None,
 ) -> tuple[float, list[tuple[str, type[Warning]]]]:
     start = time.perf_counter()
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        save_image(rgb, alpha, target, icc_profile, png_compress_level)
+        save_image(rgb, alpha, target, icc_profile, png_compress_level, png_encoder, png_threads)
     return time.perf_counter() - start, [(str(w.message), w.category) for w in caught]
 
 
@@ -186,12 +296,15 @@ def rewarn(caught: list[tuple[str, type[Warning]]]) -> None:
 def default_workers(device: torch.device, processes: int = 1) -> int:
     """Codec worker processes for one device's pipeline: its share of the cores, less one where the network runs
     on those cores too."""
-    try:
-        cores = len(os.sched_getaffinity(0))
-    except AttributeError:  # not on Linux
-        cores = os.cpu_count() or 1
-    share = max(1, cores // max(1, processes))
+    share = max(1, _cores() // max(1, processes))
     return max(1, share - 1) if device.type == "cpu" else share
+
+
+def _cores() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        return os.cpu_count() or 1
 
 
 def make_pool(workers: int) -> ProcessPoolExecutor | None:
@@ -327,24 +440,87 @@ class PipelineOptions:
     high_bit_depth: str = "convert"
     memory_fraction: float = 0.9
     png_compress_level: int = 6
+    png_encoder: str = "auto"
+    png_threads: int | None = None  # threads per PNG encode; None: the cores shared by the encodes in flight
     jpeg_codec: str = "auto"
     compile: str = "auto"
+    compile_mode: str = "default"
 
 
-# compile=auto on a CPU: compiling the stylizer costs about 15 s on 2 cores (the first image waits for it), and each
-# later 2K image then ran 1.3x faster in fp32 and about 3x in bf16 (AMX Xeon), so it pays from a few images on.
+# compile=auto pays the compile (and, with a mode that autotunes, cuDNN/Triton's autotuning) only where it pays back:
+# - a CPU: compiling the stylizer costs about 15 s on 2 cores (the first image waits for it), and each later 2K image
+#   ran 1.3x faster in fp32 and about 3x in bf16 (AMX Xeon), so from a few images on;
+# - a GPU: the first compile of an 8K tile set took ~7 s against a ~0.15 s eager 8K forward, so one image never
+#   repays it, two or more images of a folder do (the compiled tiles run every later image);
+# - either, whatever the count: when an earlier run left this network's compile for these settings in the compile
+#   cache (`compile_marker`), which then loads in a fraction of the cold time.
 CPU_COMPILE_MIN_IMAGES = 8
+CUDA_COMPILE_MIN_IMAGES = 2
 COMPILE_CHOICES = ("auto", "true", "false")
+COMPILE_MODES = ("default", "max-autotune-no-cudagraphs", "max-autotune", "reduce-overhead")
 
 
-def compile_tiles(choice: str, device: torch.device, images: int) -> bool:
-    """Whether the tiles run compiled: `compile` = true | false | auto (always on CUDA; on a CPU from
-    CPU_COMPILE_MIN_IMAGES images of work on)."""
+def compile_decision(
+    choice: str, device: torch.device, images: int, cached: bool = False
+) -> tuple[bool, str]:
+    """Whether the tiles run compiled, and the log's reason: `compile` = true | false | auto (from
+    CUDA_COMPILE_MIN_IMAGES images on a GPU, CPU_COMPILE_MIN_IMAGES on a CPU, or at once when `cached`)."""
     if choice not in COMPILE_CHOICES:
         raise ValueError(f"compile={choice!r}; choose one of {', '.join(COMPILE_CHOICES)}.")
     if choice != "auto":
-        return choice == "true"
-    return device.type == "cuda" or images >= CPU_COMPILE_MIN_IMAGES
+        return choice == "true", f"compile={choice}"
+    least = CUDA_COMPILE_MIN_IMAGES if device.type == "cuda" else CPU_COMPILE_MIN_IMAGES
+    if cached:
+        return True, "compile=auto: compiled, from the compile cache an earlier run left for these settings"
+    if images >= least:
+        return (
+            True,
+            f"compile=auto: compiled, {images} images repay the compile (from {least} on {device.type})",
+        )
+    return False, (
+        f"compile=auto: not compiled, {images} image(s) would not repay the compile (from {least} on "
+        f"{device.type}, or once an earlier run cached it); compile=true forces it"
+    )
+
+
+def compile_tiles(choice: str, device: torch.device, images: int, cached: bool = False) -> bool:
+    """`compile_decision`'s yes or no."""
+    return compile_decision(choice, device, images, cached)[0]
+
+
+def compile_key(
+    stylizer: nn.Module,
+    device: torch.device,
+    precision: str,
+    mode: str,
+    tile_batch: int,
+    pad_channels: int = 0,
+) -> str:
+    """What a compile of the tiles depends on, hashed: torch's version, the device model, the settings and the
+    network's parameter shapes (weights are graph inputs, not constants: another checkpoint of the same architecture
+    reuses the compile)."""
+    import hashlib
+
+    device_name = torch.cuda.get_device_name(device) if device.type == "cuda" else device.type
+    shapes = [(name, tuple(p.shape), str(p.dtype)) for name, p in stylizer.named_parameters()]
+    text = repr(
+        (
+            torch.__version__,
+            device_name,
+            precision,
+            mode,
+            tile_batch,
+            pad_channels,
+            type(stylizer).__name__,
+            shapes,
+        )
+    )
+    return hashlib.sha256(text.encode()).hexdigest()[:20]
+
+
+def compile_marker(cache_dir: str | Path, key: str) -> Path:
+    """The file a run leaves beside torch's compile cache once its tiles ran compiled (`compile_key`)."""
+    return Path(cache_dir) / "stylize" / f"{key}.done"
 
 
 @dataclass
@@ -371,10 +547,13 @@ def run_pipeline(
     times = times if times is not None else StageTimes()
     options.precision = resolve_precision(options.precision, device)
     compiled = compile_tiles(options.compile, device, len(pairs))
-    device_jpeg = options.jpeg_codec == "torchvision" or (
+    device_jpeg = options.jpeg_codec in ("torchvision", "nvimgcodec") or (
         options.jpeg_codec == "auto" and device.type == "cuda"
     )
     keep_alpha = options.transparency != "drop"
+    # Up to `depth` PNGs are encoded at once (one per codec worker), each over its share of the cores; inline (no
+    # pool), the one encode takes them all.
+    png_threads = options.png_threads or max(1, _cores() // (depth if pool is not None else 1))
     summary = FolderSummary(devices=[str(device)])
     start = time.perf_counter()
     waiting: deque[tuple[Path, Path, Any]] = deque()  # (source, target, Future | result | "device")
@@ -434,7 +613,10 @@ def run_pipeline(
             if pending == "device":
                 decode_start = time.perf_counter()
                 try:
-                    pixels: np.ndarray | Tensor = decode_jpeg_on_device(source, device)
+                    if options.jpeg_codec == "nvimgcodec":
+                        pixels: np.ndarray | Tensor = decode_jpeg_nvimgcodec(source, device)
+                    else:
+                        pixels = decode_jpeg_on_device(source, device)
                     alpha = None
                     with Image.open(source) as header:  # the colour profile: the device decoder drops it
                         icc_profile = header.info.get("icc_profile")
@@ -479,6 +661,7 @@ def run_pipeline(
                 times=times,
                 return_tensor=encode_on_device,
                 compile=compiled,
+                compile_mode=options.compile_mode,
                 # oneDNN ran this network 1.3x slower in channels_last than NCHW on a CPU (2K, fp32); cuDNN wants it.
                 channels_last=device.type == "cuda",
             )
@@ -492,7 +675,15 @@ def run_pipeline(
                     result = result.cpu().numpy()
                 while len(encoding) >= depth:
                     finish_oldest_encode()
-                arguments = (result, alpha, icc_profile, target, options.png_compress_level)
+                arguments = (
+                    result,
+                    alpha,
+                    icc_profile,
+                    target,
+                    options.png_compress_level,
+                    options.png_encoder,
+                    png_threads,
+                )
                 if pool is None:
                     seconds, messages = encode_on_host(*arguments)
                     times.encode += seconds

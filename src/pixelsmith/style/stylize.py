@@ -44,21 +44,29 @@ from pixelsmith.style.data import (
     load_style_image,
 )
 from pixelsmith.style.devices import DevicesError
+from pixelsmith.style.fuse import pad_rgb_convolutions, resolve_pad_channels
 from pixelsmith.style.loss_network import RandomLossNetworkWeightsWarning, VGGFeatures
 from pixelsmith.style.networks import ADAIN_ENCODER_LAYERS, AdaINDecoder, AdaINNet, TransformerNet
 from pixelsmith.style.pipeline import (
     COMPILE_CHOICES,
+    COMPILE_MODES,
     JPEG_CODECS,
     MIN_SIDE,
     FolderSummary,
     PipelineOptions,
-    compile_tiles,
+    PngEncoderUnavailableError,
+    check_jpeg_codec,
+    check_png_encoder,
+    compile_decision,
+    compile_key,
+    compile_marker,
     default_workers,
     make_pool,
     network_flops_per_pixel,
+    resolve_precision,
     run_pipeline,
 )
-from pixelsmith.style.tiling import StageTimes
+from pixelsmith.style.tiling import StageTimes, _compiled_tiles
 
 
 class CheckpointFormatError(RuntimeError):
@@ -257,6 +265,11 @@ def stylize_paths(
     jpeg_codec: str = "auto",
     compile: str = "auto",
     summary_out: list[FolderSummary] | None = None,
+    png_encoder: str = "auto",
+    png_threads: int | str = "auto",
+    compile_mode: str = "default",
+    pad_channels: int | str = "auto",
+    compile_cache_dir: str | None = None,
 ) -> list[Path]:
     """Stylize one image file or every image under a folder; returns the written files.
 
@@ -269,7 +282,11 @@ def stylize_paths(
     workers: codec processes (default: this process's cores, less one on a CPU device; 0: inline).
     png_compress_level: 0-9 for PNG outputs. jpeg_codec: auto (the device's nvJPEG on CUDA, Pillow otherwise) | pil
     | torchvision (torchvision's decode_jpeg/encode_jpeg on the run's device, libjpeg-turbo on a CPU).
-    compile: auto | true | false: full tiles of one declared side through torch.compile (`tiling.stylize_tiled`).
+    compile: auto | true | false: full tiles of one declared side through torch.compile (`tiling.stylize_tiled`);
+    auto compiles where it pays back (`pipeline.compile_decision`). compile_mode: torch.compile's mode.
+    compile_cache_dir: torch's compile cache (None: `hardware.compile_cache_dir`'s default).
+    png_encoder: auto | threaded | pil | fpng; png_threads: threads per PNG (auto: the cores over the encodes in
+    flight). pad_channels: auto | 0 | 4 | 8: the 3-channel convolutions widened with zeros (`fuse`).
     times: filled with the seconds per stage (decode, copy in, network, blend, copy out, encode).
     summary_out: receives the run's `FolderSummary` (images/s, FLOPs, MFU, failures).
     """
@@ -303,6 +320,7 @@ def stylize_paths(
         raise StylizeInputError(f"jpeg_codec={jpeg_codec!r}; choose one of {', '.join(JPEG_CODECS)}.")
     if compile not in COMPILE_CHOICES:
         raise StylizeInputError(f"compile={compile!r}; choose one of {', '.join(COMPILE_CHOICES)}.")
+    check_speed_options(png_encoder, png_threads, compile_mode, pad_channels)
     stylizer = prepare_stylizer(model, style, alpha, style_size)
     pairs = plan_outputs(Path(inputs), Path(output))
     summary = stylize_shard(
@@ -321,12 +339,17 @@ def stylize_paths(
             png_compress_level=png_compress_level,
             jpeg_codec=jpeg_codec,
             compile=compile,
+            compile_mode=compile_mode,
+            png_encoder=png_encoder,
+            png_threads=_threads(png_threads),
         ),
         overwrite=overwrite,
         workers=workers if workers is not None else (None if prefetch else 0),
         progress=progress,
         times=times,
         single_input=Path(inputs).is_file(),
+        pad_channels=pad_channels,
+        compile_cache_dir=compile_cache_dir,
     )
     if summary_out is not None:
         summary_out.append(summary)
@@ -348,10 +371,14 @@ def stylize_shard(
     single_input: bool = False,
     rank: int = 0,
     world_size: int = 1,
+    pad_channels: int | str = "auto",
+    compile_cache_dir: str | None = None,
 ) -> FolderSummary:
     """One device's share of a job: the pairs `rank::world_size` (sorted input order, so every file goes to exactly
     one rank), those already written skipped when `overwrite` is false, through `pipeline.run_pipeline`.
-    workers: codec processes (None: `default_workers`, 0: inline). single_input: a failure is raised, not recorded."""
+    workers: codec processes (None: `default_workers`, 0: inline). single_input: a failure is raised, not recorded.
+    pad_channels: `fuse.resolve_pad_channels`. compile_cache_dir: where torch's compile cache and this job's marks
+    of what it compiled live (None: `hardware.compile_cache_dir`'s default)."""
     from rich.progress import (
         BarColumn,
         MofNCompleteColumn,
@@ -361,12 +388,31 @@ def stylize_shard(
         TimeRemainingColumn,
     )
 
+    from pixelsmith.hardware import compile_cache_dir as resolve_cache_dir
+    from pixelsmith.hardware import use_compile_cache
+
     device = torch.device(device)
+    try:
+        check_jpeg_codec(options.jpeg_codec, device)
+    except ValueError as error:
+        raise StylizeInputError(str(error)) from None
+    options = dataclasses.replace(options, precision=resolve_precision(options.precision, device))
+    padding = resolve_pad_channels(pad_channels, device)
+    unpadded, stylizer = stylizer, pad_rgb_convolutions(stylizer, padding)
     # compile=auto is decided on the whole job, not on this rank's share: every rank, and one process given the same
-    # folder, then runs the same code and writes the same pixels.
-    options = dataclasses.replace(
-        options, compile="true" if compile_tiles(options.compile, device, len(pairs)) else "false"
+    # folder, then runs the same code and writes the same pixels. A compile an earlier run cached decides it too.
+    cache = resolve_cache_dir(compile_cache_dir)
+    marker = compile_marker(
+        cache,
+        compile_key(stylizer, device, options.precision, options.compile_mode, options.tile_batch, padding),
     )
+    compiled, reason = compile_decision(options.compile, device, len(pairs), cached=marker.is_file())
+    if compiled:
+        use_compile_cache(compile_cache_dir)
+        reason += f" (compile cache {cache})"
+    if rank == 0:
+        print(reason, file=sys.stderr)
+    options = dataclasses.replace(options, compile="true" if compiled else "false")
     shard = pairs[rank::world_size]
     todo = [(s, t) for s, t in shard if overwrite or not t.exists()]
     if workers is None:
@@ -384,7 +430,8 @@ def stylize_shard(
     start = time.perf_counter()
     pool = make_pool(workers)  # before the network touches the device: the workers fork from a clean server
     try:
-        flops_per_pixel = network_flops_per_pixel(stylizer) if todo else 0.0
+        # The network's own FLOPs: the zero channels padding adds are not work done for the image.
+        flops_per_pixel = network_flops_per_pixel(unpadded) if todo else 0.0
         with Progress(*columns, disable=not progress, transient=False) as bar:
             label = "images" if world_size == 1 else f"images (rank {rank} of {world_size}, {device})"
             files_task = bar.add_task(label, total=len(todo), visible=len(todo) > 1, rate="")
@@ -414,6 +461,18 @@ def stylize_shard(
             pool.shutdown(wait=True, cancel_futures=True)
     if single_input and failures:
         raise failures[0].error
+    summary.notes.insert(0, reason)
+    tiles = _compiled_tiles.get(stylizer)
+    if (
+        compiled
+        and tiles is not None
+        and tiles.ran_compiled
+        and tiles.failure is None
+        and not marker.is_file()
+    ):
+        # The next run with these settings finds its graphs in the cache: compile=auto takes them for one image too.
+        marker.parent.mkdir(parents=True, exist_ok=True)
+        marker.write_text(f"{type(stylizer).__name__} {options.compile_mode} {options.precision} {device}\n")
     summary.existing = len(shard) - len(todo)
     summary.flops_per_pixel = flops_per_pixel
     if summary.written:
@@ -455,6 +514,11 @@ class StylizeOptions:
     png_compress_level: int = 6
     jpeg_codec: str = "auto"
     compile: str = "auto"
+    compile_mode: str = "default"
+    compile_cache_dir: str | None = None
+    png_encoder: str = "auto"
+    png_threads: int | str = "auto"
+    pad_channels: int | str = "auto"
     format: str = "same"
     export_dir: str | None = None
     export_formats: str = "torchscript,onnx"
@@ -504,12 +568,22 @@ Options (key=value, defaults in brackets):
   workers         codec worker processes per device, or auto: the cores per device, less one on a CPU [auto]
   format          same | png | jpg | webp ...: the output format of a folder's images [same]
   png_compress_level  0-9 for PNG outputs: 1 is several times faster than 6 for ~15% larger files [6]
-  jpeg_codec      auto | pil | torchvision: JPEG decoded and encoded on the device (nvJPEG) with auto on a
+  png_encoder     auto | threaded | pil | fpng: auto is threaded, one PNG deflated in strips on several cores
+                  (zlib-ng where installed); fpng (pip install fpng) is fastest at one fixed ~level-1 setting;
+                  pil is Pillow on one core. All write standard PNGs [auto]
+  png_threads     threads per PNG, or auto: the cores shared by the PNGs being encoded at once [auto]
+  jpeg_codec      auto | pil | torchvision | nvimgcodec: JPEG decoded and encoded on the device (nvJPEG) with auto on a
                   GPU, with Pillow in the workers otherwise [auto]
   compile         auto | true | false: run full tiles of one declared side through torch.compile (an image
                   larger than it is tiled at it, one that fits runs eagerly whole), so an image's pixels never
-                  depend on the images before it; auto: always on a GPU, on a CPU for 8 or more images (the
-                  compile costs about 15 s on 2 cores) [auto]
+                  depend on the images before it; auto: where it pays back: 2 or more images on a GPU, 8 or more on
+                  a CPU (the compile costs about 15 s on 2 cores), or any count once an earlier run with the same
+                  settings left its compile in the cache; the log says which [auto]
+  compile_mode    default | max-autotune-no-cudagraphs | max-autotune | reduce-overhead: torch.compile's mode
+                  (the autotuning ones take longer to compile, then run faster; the last two add CUDA graphs) [default]
+  compile_cache_dir  torch.compile's on-disk cache, shared by runs [~/.cache/pixelsmith/compile]
+  pad_channels    auto | 0 | 4 | 8: the 3-channel first and last convolutions widened with zero channels for
+                  tensor cores (the same output); auto: 8 on a GPU, off on a CPU [auto]
   export_dir      also write the model to this folder as stylizer.pt (TorchScript) and stylizer.onnx
   export_formats  comma-separated subset of torchscript,onnx [torchscript,onnx]
 
@@ -551,12 +625,17 @@ def run_job(options: StylizeOptions, device: str, rank: int = 0, world_size: int
             png_compress_level=options.png_compress_level,
             jpeg_codec=options.jpeg_codec,
             compile=str(options.compile).lower(),
+            compile_mode=options.compile_mode,
+            png_encoder=options.png_encoder,
+            png_threads=_threads(options.png_threads),
         ),
         overwrite=options.overwrite,
         workers=workers,
         progress=options.progress and rank == 0,
         rank=rank,
         world_size=world_size,
+        pad_channels=options.pad_channels,
+        compile_cache_dir=options.compile_cache_dir,
     )
 
 
@@ -601,6 +680,31 @@ def stylize_paths_checks(options: StylizeOptions) -> None:
     for name, value, least in (("tile_batch", options.tile_batch, 1), ("thumbnail", options.thumbnail, 16)):
         if value < least:
             raise StylizeInputError(f"{name}={value} must be at least {least} (default: see --help).")
+    check_speed_options(options.png_encoder, options.png_threads, options.compile_mode, options.pad_channels)
+    try:
+        check_jpeg_codec(options.jpeg_codec, torch.device(resolve_device(options.device)))
+    except ValueError as error:
+        raise StylizeInputError(str(error)) from None
+
+
+def _threads(value: int | str) -> int | None:
+    return None if str(value).strip().lower() == "auto" else int(value)
+
+
+def check_speed_options(
+    png_encoder: str, png_threads: int | str, compile_mode: str, pad_channels: int | str
+) -> None:
+    """The PNG encoder, compile mode and channel padding checked at start-up, one paragraph per mistake."""
+    try:
+        check_png_encoder(png_encoder)
+        resolve_pad_channels(pad_channels, torch.device("cpu"))
+    except (ValueError, PngEncoderUnavailableError) as error:
+        raise StylizeInputError(str(error)) from None
+    if compile_mode not in COMPILE_MODES:
+        raise StylizeInputError(f"compile_mode={compile_mode!r}; choose one of {', '.join(COMPILE_MODES)}.")
+    text = str(png_threads).strip().lower()
+    if text != "auto" and not (text.isdigit() and int(text) >= 1):
+        raise StylizeInputError(f"png_threads={png_threads!r}: a number of threads (1 or more) or auto.")
 
 
 def check_destinations(options: StylizeOptions) -> None:
@@ -634,6 +738,10 @@ def main(argv: Sequence[str] | None = None) -> int:
                 "input=... and output=... are required (or export_dir=... to only export)."
             )
         check_destinations(options)  # before the model loads and any image is read: minutes may follow
+        if options.input is not None:
+            stylize_paths_checks(
+                options
+            )  # a bad option or a codec not installed: said before the model loads
         model = load_stylizer_from_checkpoint(options.ckpt_path)
         if options.export_dir is not None:
             from pixelsmith.style.export import export_stylizer
@@ -670,6 +778,11 @@ def main(argv: Sequence[str] | None = None) -> int:
                 png_compress_level=options.png_compress_level,
                 jpeg_codec=options.jpeg_codec,
                 compile=str(options.compile).lower(),
+                png_encoder=options.png_encoder,
+                png_threads=options.png_threads,
+                compile_mode=options.compile_mode,
+                pad_channels=options.pad_channels,
+                compile_cache_dir=options.compile_cache_dir,
             )
             print(f"wrote {len(written)} image(s) to {options.output} in {time.perf_counter() - start:.1f} s")
             print(f"time per stage: {times.summary()}")

@@ -192,6 +192,9 @@ class CompiledTiles:
         }
         self.compiled = torch.compile(model, dynamic=False, mode=mode)
         self.failure: str | None = None
+        self.ran_compiled = (
+            False  # a tile batch went through the compiled code (the run may mark the cache warm)
+        )
 
     def __call__(self, batch: Tensor) -> Tensor:
         if self.failure is None:
@@ -201,7 +204,9 @@ class CompiledTiles:
                 # them eager: which shapes ran compiled would then depend on what ran before.
                 limit = max(torch._dynamo.config.recompile_limit, COMPILED_SHAPES_LIMIT)
                 with torch._dynamo.config.patch(recompile_limit=limit):
-                    return self.compiled(batch)
+                    result = self.compiled(batch)
+                self.ran_compiled = True
+                return result
             except torch._dynamo.exc.TorchDynamoException as error:
                 # A stylizer torch.compile cannot take (a fork's own network, an old GPU) still stylizes: eagerly.
                 self.failure = f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}"
@@ -545,6 +550,7 @@ def stylize_tiled(
     times: StageTimes | None = None,
     return_tensor: bool = False,
     compile: bool = False,
+    compile_mode: str = "default",
 ) -> np.ndarray | Tensor:
     """Stylize an (H, W, 3) uint8 image of any size with overlapping tiles; returns (H, W, 3) uint8.
 
@@ -569,7 +575,8 @@ def stylize_tiled(
       tiles, run compiled in batches of `batch_size` and the rest one by one (two graphs per T, compiled by the
       first image that needs them); an image that fits in one tile, or is narrower than T, runs eagerly whole or in
       its own tiles, exactly as without compile. Torch's recompile limit (a count over the images seen) then never
-      decides which path an image takes.
+      decides which path an image takes. compile_mode: torch.compile's mode for them (default; max-autotune-no-cudagraphs
+      autotunes the convolutions and Triton kernels; max-autotune and reduce-overhead also capture CUDA graphs).
     """
     if image.ndim != 3 or image.shape[2] != 3 or image.dtype not in (np.uint8, torch.uint8):
         raise ValueError(f"Expected an (H, W, 3) uint8 array, got shape {image.shape} dtype {image.dtype}.")
@@ -588,7 +595,7 @@ def stylize_tiled(
         image = image.cpu().numpy()
     memory_format = torch.channels_last if channels_last else torch.contiguous_format
     model.eval().to(device=device, memory_format=memory_format)
-    compiled_forward = compiled_tiles(model) if compile else None
+    compiled_forward = compiled_tiles(model, compile_mode) if compile else None
     whole = False
     times_requested = times is not None
     times = times if times is not None else StageTimes()
