@@ -127,3 +127,14 @@ def prepare_networks(core: TrainingCore) -> bool:
     return compile_networks(
         networks, compiled, settings.compile_mode, settings.cuda_graphs, settings.compile_scope
     )
+
+
+def canonical_channels_last(images: torch.Tensor) -> torch.Tensor:
+    """A 4-d tensor in channels_last with canonical strides. With one channel, channels_last and contiguous tensors
+    address memory alike but differ in the channel stride, which `.contiguous()` leaves as it is: the NHWC view below
+    sets it, with no copy and a backward that is a view too (as_strided's is a slow scatter)."""
+    images = images.contiguous(memory_format=torch.channels_last)
+    n, c, h, w = images.shape
+    if images.stride() == (c * h * w, 1, w * c, c) or images.numel() == 0:
+        return images
+    return images.permute(0, 2, 3, 1).reshape(n, h * w * c).view(n, h, w, c).permute(0, 3, 1, 2)

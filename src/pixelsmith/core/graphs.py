@@ -18,6 +18,29 @@ latents, noise and augmentation as an eager one.
 
 With `capture=False` (CPU, or a run that cannot be captured) `run` executes the same iteration function on the same
 static buffers every time: the code path the CPU tests compare with a plain eager run.
+
+The contract a model follows to be captured (docs/cuda-graphs.md explains each rule; `CudaGraphSetup.blockers` in
+core/graph_setup.py refuses at start-up what can be checked):
+1. Opt in: `supports_cuda_graphs = True` and an `iteration_plan(batch)` that names every host decision of the
+   iteration (the phases due, ADA's adjustment, any Python `if` the iteration takes): equal plans and batch shapes
+   launch the same kernels. Host bookkeeping done once per iteration lives there, not in `train_iteration`.
+2. `train_iteration` keeps the core's protocol: `loss_backward` per micro-batch, `step` once per optimizer, an
+   `IterationResult` back.
+3. What changes between iterations reaches the graph as a device tensor written in place before the replay: the
+   learning rates and scheduled betas (the core's), `iteration_now` and `images_seen_now` (not `self.iteration`),
+   the objective's own scalars (`scheduled_scalars()`, written by `model.schedules`), ADA's p (on the device).
+4. Counters are updated in place (`tensor.add_`), never rebound; no tensor is built from Python numbers inside the
+   iteration (make constants once, as buffers); no work is skipped on the host for a device value.
+5. Random numbers come from torch's generators, which the core reseeds per iteration; host draws use
+   `self.host_random` in `iteration_plan` and reach the graph through a static device buffer.
+6. No host reads inside the iteration (`.item()`, `bool(tensor)`, `.tolist()`, `nonzero`, masks, `.cpu()`):
+   `train.host_sync_check=error` checks it. Deliberate reads happen at logging iterations, in `host_reads_allowed()`.
+7. Every optimizer is fused (`hardware.optimizer_impl=fused`); no `on_before_backward` / `on_after_backward` hooks
+   in the model or a callback; no `strategy=fsdp` and no profiler (each blocks capture at start-up).
+8. At most MAX_GRAPHS distinct (plan, batch signature) keys; beyond, the run gives up capturing and says so.
+9. A failed capture calls the model's `abandon_iteration()` and runs the iteration eagerly: a model with host state
+   of its own across an iteration overrides it (calling super()) to forget that state.
+10. What a captured iteration returned is overwritten by every replay: read it in the same iteration or copy it.
 """
 
 from __future__ import annotations

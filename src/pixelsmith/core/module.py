@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import logging
 import random
-import signal
 from collections import defaultdict
 from collections.abc import Callable, Hashable, Iterable, Iterator
 from contextlib import contextmanager, nullcontext
@@ -39,7 +38,7 @@ from torch import nn
 from torch.distributed.fsdp import FSDPModule
 
 from pixelsmith.core.checkpoint_state import load_core_state, save_core_state
-from pixelsmith.core.compile import eager, prepare_networks
+from pixelsmith.core.compile import canonical_channels_last, eager, prepare_networks
 from pixelsmith.core.config import CoreSettings, EMAConfig
 from pixelsmith.core.ema import EMA
 from pixelsmith.core.fsdp import MultiNetworkFSDPStrategy
@@ -199,7 +198,7 @@ class TrainingCore(L.LightningModule):
         # The EMA ramp-up reads the images seen before this iteration, as StyleGAN2-ADA's training loop (cur_nimg
         # advances after the G_ema update): the first iteration's average is a copy of G. Under CUDA graphs the
         # device's own count, which a replay can read (the host's it cannot).
-        images_seen = self._images_seen_t if self._graphs is not None else self.images_seen
+        images_seen = self.images_seen_now
         for name, ema, source in self._ema_pairs:
             with self.phase("ema"):
                 result.logs[f"ema/{name}_beta"] = ema.update(source, images_per_iteration, images_seen)
@@ -258,7 +257,7 @@ class TrainingCore(L.LightningModule):
         an eager run, from the device's under `hardware.cuda_graphs`. Returns them for the logs."""
         if not self.scheduled:
             return {}
-        return self.scheduled.apply(self._images_seen_t if self._graphs is not None else self.images_seen)
+        return self.scheduled.apply(self.images_seen_now)
 
     def _set_optimizer_value(self, names: list[str], key: str, value: float | torch.Tensor) -> None:
         for name in names:
@@ -360,17 +359,9 @@ class TrainingCore(L.LightningModule):
         return self.in_network_layout(images)
 
     def in_network_layout(self, images: torch.Tensor) -> torch.Tensor:
-        """`images` in the networks' memory format with canonical strides. A compiled network guards on strides: real
-        images and G's output must match exactly or D compiles twice. With one channel, channels_last and contiguous
-        tensors address memory alike but differ in the channel stride, which `.contiguous()` leaves as it is: the
-        NHWC view below sets it, with no copy and a backward that is a view too (as_strided's is a slow scatter)."""
-        if not (self.core.channels_last and images.ndim == 4):
-            return images
-        images = images.contiguous(memory_format=torch.channels_last)
-        n, c, h, w = images.shape
-        if images.stride() == (c * h * w, 1, w * c, c) or images.numel() == 0:
-            return images
-        return images.permute(0, 2, 3, 1).reshape(n, h * w * c).view(n, h, w, c).permute(0, 3, 1, 2)
+        """`images` in the networks' memory format with canonical strides (core/compile.py: a compiled network
+        guards on strides, so real images and G's output must match exactly or D compiles twice)."""
+        return canonical_channels_last(images) if self.core.channels_last and images.ndim == 4 else images
 
     def count_skipped_files(self, flags: torch.Tensor) -> None:
         """Accumulate the loader's per-item "substituted for an unreadable file" flags into data/skipped_files."""
@@ -430,7 +421,7 @@ class TrainingCore(L.LightningModule):
 
     def _record_guard(self, name: str, skip: torch.Tensor, amp_overflow: torch.Tensor | None) -> None:
         # A replayed graph cannot read self.iteration: there the device's own counter says which iteration.
-        iteration = self._iteration_t if self._graphs is not None else self.iteration
+        iteration = self.iteration_now
         self.guard.record(self._guard_state(), name, skip, amp_overflow, iteration)
 
     @property
@@ -458,6 +449,23 @@ class TrainingCore(L.LightningModule):
     @property
     def world_size(self) -> int:
         return self.trainer.world_size if self._trainer is not None else 1
+
+    @property
+    def graphed(self) -> bool:
+        """Whether iterations run through the CUDA-graph path (`hardware.cuda_graphs`, captured on a GPU, uncaptured
+        on a CPU): then the iteration reads what changes from device tensors (core/graphs.py's contract)."""
+        return self._graphs is not None
+
+    @property
+    def iteration_now(self) -> int | torch.Tensor:
+        """The iteration number as code inside the iteration must read it: a device tensor the replay advances when
+        `graphed` (a Python int would be baked into the graph), `self.iteration` otherwise."""
+        return self._iteration_t if self._graphs is not None else self.iteration
+
+    @property
+    def images_seen_now(self) -> int | torch.Tensor:
+        """The images seen before this iteration, read as `iteration_now` is."""
+        return self._images_seen_t if self._graphs is not None else self.images_seen
 
     @property
     def images_per_iteration(self) -> int:
@@ -528,19 +536,7 @@ class TrainingCore(L.LightningModule):
         self.log_dict(self.iteration_log.metrics(self), on_step=True, on_epoch=False, prog_bar=False)
 
     def on_train_start(self) -> None:
-        # After the Trainer's own handlers (registered just before this hook; they are restored after fit): ours end
-        # the run at an iteration boundary with last.ckpt instead of Lightning's mid-iteration stop.
-        if getattr(self.trainer, "received_sigterm", False) and signal.SIGTERM in self.preemption.signals:
-            self.preemption.received = signal.SIGTERM  # it came during set-up, to Lightning's handler
-        # After the last iteration a Ctrl-C has no iteration to finish: it stops at once (core/preemption.py).
-        self.preemption.install(training_over=lambda: self.trainer.should_stop)
-        epoch_loop = self.trainer.fit_loop.epoch_loop
-        ours = signal.SIGTERM in self.preemption.signals
-        if ours and self.world_size > 1 and hasattr(epoch_loop, "_broadcast_sigterm_tensor"):
-            # Lightning 2.6 broadcasts its SIGTERM flag and reads it back on every batch under several processes: a
-            # host-device sync per iteration. Its flag is never set with our handler in place; ours agree at logging
-            # iterations instead (core/preemption.py).
-            epoch_loop._broadcast_sigterm_tensor = lambda: None
+        self.preemption.start_training(self.trainer, self.world_size)  # core/preemption.py
         self._setup_cuda_graphs()  # after the callbacks' on_train_start (a profiler attaches its timer there)
 
     def on_train_end(self) -> None:

@@ -42,7 +42,7 @@ import sys
 import threading
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager, suppress
-from typing import NoReturn
+from typing import Any, NoReturn
 
 import torch
 
@@ -264,6 +264,24 @@ class PreemptionSignals:
         self.received: int | None = None
         self._previous: dict[int, object] = {}
         self._training_over: Callable[[], bool] = lambda: False
+
+    def start_training(self, trainer: Any, world_size: int) -> None:
+        """At the start of training, after the Trainer's own handlers (registered just before; they are restored
+        after fit): ours end the run at an iteration boundary with last.ckpt instead of Lightning's mid-iteration
+        stop, and after the last iteration a Ctrl-C, having no iteration to finish, stops at once."""
+        if getattr(trainer, "received_sigterm", False) and signal.SIGTERM in self.signals:
+            self.received = signal.SIGTERM  # it came during set-up, to Lightning's handler
+        self.install(training_over=lambda: trainer.should_stop)
+        epoch_loop = trainer.fit_loop.epoch_loop
+        if (
+            signal.SIGTERM in self.signals
+            and world_size > 1
+            and hasattr(epoch_loop, "_broadcast_sigterm_tensor")
+        ):
+            # Lightning 2.6 broadcasts its SIGTERM flag and reads it back on every batch under several processes: a
+            # host-device sync per iteration. Its flag is never set with our handler in place; ours agree at logging
+            # iterations instead.
+            epoch_loop._broadcast_sigterm_tensor = lambda: None
 
     def install(self, training_over: Callable[[], bool] | None = None) -> None:
         """`training_over()`: True once the last iteration has ended (a Ctrl-C then has none to finish)."""

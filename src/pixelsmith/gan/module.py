@@ -239,7 +239,7 @@ class GANModule(TrainingCore):
         phases = tuple(phase.name for phase in self.objective.phases_at(self.iteration))
         adapts = False
         if self.augment is not None:
-            if self._graphs is not None and hasattr(self.augment, "skip_when_off"):
+            if self.graphed and hasattr(self.augment, "skip_when_off"):
                 self.augment.skip_when_off = False  # the same kernels at p = 0 as after (see AdaptiveAugment)
             # The images D trains on (R3GAN: one of its two draws), as the kimg count.
             adapts = self.augment.advance(

@@ -426,7 +426,7 @@ class AdaINModule(StyleTransferModule):
         no Python, so a crop made inside it would be the captured iteration's crop forever)."""
         images = batch[0] if isinstance(batch, list | tuple) else batch
         crops = self._draw_style_crops(images.shape[0], self.style_crop or int(images.shape[-1]))
-        if self._graphs is None:
+        if not self.graphed:
             self._pending_style = crops
             return "style"
         key = tuple(crops.shape)
