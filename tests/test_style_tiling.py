@@ -347,11 +347,12 @@ def test_compiled_tiles_match_eager_ones_and_a_second_image_compiles_nothing(pho
     assert all("forward" not in module.__dict__ for _, module in statistic_layers(small))  # restored
 
 
-def test_compile_auto_compiles_on_cuda_and_for_cpu_folders_of_several_images():
-    from pixelsmith.style.pipeline import CPU_COMPILE_MIN_IMAGES, compile_tiles
+def test_compile_auto_compiles_for_folders_that_repay_it_or_from_the_cache():
+    from pixelsmith.style.pipeline import CPU_COMPILE_MIN_IMAGES, CUDA_COMPILE_MIN_IMAGES, compile_tiles
 
     cpu, cuda = torch.device("cpu"), torch.device("cuda")
-    assert compile_tiles("auto", cuda, 1) and not compile_tiles("auto", cpu, CPU_COMPILE_MIN_IMAGES - 1)
+    assert compile_tiles("auto", cuda, CUDA_COMPILE_MIN_IMAGES) and not compile_tiles("auto", cuda, 1)
+    assert compile_tiles("auto", cuda, 1, cached=True) and not compile_tiles("auto", cpu, CPU_COMPILE_MIN_IMAGES - 1)
     assert compile_tiles("auto", cpu, CPU_COMPILE_MIN_IMAGES) and not compile_tiles("false", cuda, 100)
     assert compile_tiles("true", cpu, 1)
     with pytest.raises(ValueError, match="compile='yes'; choose one of auto, true, false"):
