@@ -80,7 +80,7 @@ def ours_folder(options, folder: Path, out: Path, devices: int):
 
     options.input, options.output = str(folder), str(out)
     names = resolve_devices(devices, options.device)
-    return run_job(options, names[0]) if len(names) == 1 else launch(options, names)
+    return run_job(options, names[0]) if len(names) == 1 else launch(run_job, options, names)
 
 
 def main(argv: list[str] | None = None) -> int:

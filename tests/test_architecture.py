@@ -316,3 +316,16 @@ def test_no_general_module_names_a_part_in_its_strings():
             for match in [*module_pattern.finditer(text), *key_pattern.finditer(text)]:
                 found.append(f"{path.relative_to(SRC)}:{line}: {match.group(0)}")
     assert not found, "general modules that name a part's module or config key:\n" + "\n".join(found)
+
+
+def test_no_import_circle_between_the_modules_of_a_part():
+    """Inside a part, modules import each other one way too (deferred imports count): stylize.py starts the
+    processes of devices.py, which takes the job as a callable instead of importing it back."""
+    modules = _modules()
+    edges: dict[tuple[str, str], list[str]] = defaultdict(list)
+    for module, path in modules.items():
+        for target, line in _imports(module, path, modules):
+            if target in modules and target != module and _part(target) == _part(module):
+                edges[(module, target)].append(f"{path.relative_to(SRC)}:{line}")
+    circles = _cycles(edges)
+    assert not circles, "module import circles inside a part:\n" + "\n".join(" <-> ".join(c) for c in circles)

@@ -4,15 +4,12 @@ the resolved run config (`checkpoint["pixelsmith_config"]`). A resume continues 
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
-if TYPE_CHECKING:
-    from pixelsmith.core.module import TrainingCore
 
-
-def save_core_state(core: TrainingCore, checkpoint: dict[str, Any]) -> None:
+def save_core_state(core: Any, checkpoint: dict[str, Any]) -> None:
     # A checkpoint reads the device anyway: a streak that reached the limit since the last logging iteration stops
     # the run here rather than being saved, unnoticed, into a checkpoint a resume would continue from.
     core._check_guard()
@@ -33,7 +30,7 @@ def save_core_state(core: TrainingCore, checkpoint: dict[str, Any]) -> None:
     checkpoint["pixelsmith_config"] = core.core.run_config
 
 
-def load_core_state(core: TrainingCore, checkpoint: dict[str, Any]) -> None:
+def load_core_state(core: Any, checkpoint: dict[str, Any]) -> None:
     state = checkpoint.get("pixelsmith")
     if state is None:
         raise ValueError(

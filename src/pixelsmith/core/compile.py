@@ -12,13 +12,10 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import TYPE_CHECKING
+from typing import Any
 
 import torch
 from torch import nn
-
-if TYPE_CHECKING:
-    from pixelsmith.core.module import TrainingCore
 
 log = logging.getLogger(__name__)
 
@@ -104,7 +101,7 @@ def compile_networks(
     return bool(names) and mode in INDUCTOR_CUDA_GRAPH_MODES
 
 
-def prepare_networks(core: TrainingCore) -> bool:
+def prepare_networks(core: Any) -> bool:
     """channels_last and compile for the networks of `core` (a LightningModule in set-up); returns whether inductor
     captures CUDA graphs of its own. EMA copies are not compiled (see the module docstring)."""
     from pixelsmith.core.startup import compile_cache_note

@@ -5,16 +5,13 @@ docstring; `CudaGraphSetup.blockers` names each one a run breaks, at start-up.""
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING
+from typing import Any
 
 import lightning as L
 import torch
 
 from pixelsmith.core.graphs import IterationGraphs
 from pixelsmith.core.host_reads import host_reads_allowed
-
-if TYPE_CHECKING:
-    from pixelsmith.core.module import TrainingCore
 
 log = logging.getLogger(__name__)
 
@@ -25,7 +22,7 @@ HOOKS_INSIDE_THE_STEP = ("on_before_backward", "on_after_backward")
 class CudaGraphSetup:
     """Reads a started run (its model, optimizers, strategy, profiler and callbacks) and gives it its graphs."""
 
-    def __init__(self, core: TrainingCore):
+    def __init__(self, core: Any):
         self.core = core
 
     def blockers(self) -> list[str]:

@@ -10,12 +10,9 @@ since the previous log: a steadier progress bar than one iteration's rate.
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
-
-if TYPE_CHECKING:
-    from pixelsmith.core.module import TrainingCore
 
 
 class IterationLog:
@@ -40,7 +37,7 @@ class IterationLog:
         self.last_point = (now, images_seen)
         return rate
 
-    def metrics(self, core: TrainingCore) -> dict[str, Any]:
+    def metrics(self, core: Any) -> dict[str, Any]:
         """The logged set, device tensors where the values live on the device; empties the pending values."""
         metrics: dict[str, Any] = {**self.pending, **core.logging_values()}
         self.pending = {}

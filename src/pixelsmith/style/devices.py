@@ -17,6 +17,7 @@ import json
 import os
 import socket
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -62,9 +63,11 @@ def torchrun_rank() -> tuple[int, int, int] | None:
     return int(os.environ["RANK"]), world, int(os.environ.get("LOCAL_RANK", os.environ["RANK"]))
 
 
-def run_rank(options: Any, device: str, rank: int, world: int, init_method: str) -> FolderSummary:
-    """This process's shard, then the gather: returns the summary merged over all processes."""
-    from pixelsmith.style.stylize import run_job  # the job itself; imported here to keep this module a leaf
+def run_rank(
+    job: Callable[..., FolderSummary], options: Any, device: str, rank: int, world: int, init_method: str
+) -> FolderSummary:
+    """This process's shard of `job` (stylize.py's `run_job`, given by the caller: this module imports no job), then
+    the gather: returns the summary merged over all processes."""
 
     if device == "cpu":
         cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
@@ -74,7 +77,7 @@ def run_rank(options: Any, device: str, rank: int, world: int, init_method: str)
     dist.init_process_group("gloo", init_method=init_method, rank=rank, world_size=world)
     try:
         try:
-            summary = run_job(options, device, rank=rank, world_size=world)
+            summary = job(options, device, rank=rank, world_size=world)
         except Exception as error:  # noqa: BLE001  (joins the gather with its error: the others must not hang)
             summary = FolderSummary(devices=[device], failed={f"<rank {rank} on {device}>": f"{error}"})
         parts: list[Any] = [None] * world
@@ -84,8 +87,16 @@ def run_rank(options: Any, device: str, rank: int, world: int, init_method: str)
         dist.destroy_process_group()
 
 
-def _spawned(rank: int, world: int, devices: list[str], options: Any, init_method: str, result: str) -> None:
-    merged = run_rank(options, devices[rank], rank, world, init_method)
+def _spawned(
+    rank: int,
+    world: int,
+    job: Callable[..., FolderSummary],
+    devices: list[str],
+    options: Any,
+    init_method: str,
+    result: str,
+) -> None:
+    merged = run_rank(job, options, devices[rank], rank, world, init_method)
     if rank == 0:
         partial = Path(result).with_suffix(".partial")
         partial.write_text(json.dumps(merged.to_dict()))
@@ -98,15 +109,16 @@ def _free_port() -> int:
         return probe.getsockname()[1]
 
 
-def launch(options: Any, devices: list[str]) -> FolderSummary:
-    """Start one process per device (spawned: CUDA cannot be forked), wait, and return the merged summary."""
+def launch(job: Callable[..., FolderSummary], options: Any, devices: list[str]) -> FolderSummary:
+    """Start one process per device running `job` (a module-level function, so spawn can pickle it; spawned: CUDA
+    cannot be forked), wait, and return the merged summary."""
     import torch.multiprocessing as mp
 
     with tempfile.TemporaryDirectory(prefix="pixelsmith-stylize-") as scratch:
         result = str(Path(scratch) / "summary.json")
         mp.start_processes(
             _spawned,
-            args=(len(devices), devices, options, f"tcp://127.0.0.1:{_free_port()}", result),
+            args=(len(devices), job, devices, options, f"tcp://127.0.0.1:{_free_port()}", result),
             nprocs=len(devices),
             start_method="spawn",
             join=True,

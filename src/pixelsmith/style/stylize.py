@@ -651,12 +651,12 @@ def _run_devices(options: StylizeOptions) -> int:
         rank, world, local_rank = ranked
         device = resolve_device(options.device)
         device = f"cuda:{local_rank}" if device.startswith("cuda") else "cpu"
-        summary = run_rank(options, device, rank, world, "env://")
+        summary = run_rank(run_job, options, device, rank, world, "env://")
         if rank != 0:
             return 1 if summary.failed else 0
     else:
         devices = resolve_devices(options.devices, options.device)
-        summary = run_job(options, devices[0]) if len(devices) == 1 else launch(options, devices)
+        summary = run_job(options, devices[0]) if len(devices) == 1 else launch(run_job, options, devices)
     for line in summary.lines():
         print(line, file=sys.stderr if line.startswith(("FAILED", "  ")) else sys.stdout)
     return 1 if summary.failed else 0
