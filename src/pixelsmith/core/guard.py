@@ -92,10 +92,14 @@ class NonFiniteGuard:
             trip.copy_(torch.where(streak == self.max_consecutive, iteration, trip))
 
     def check(self, state: dict[str, torch.Tensor], iteration: int) -> None:
-        """Read the device state (a synchronisation): warn about steps skipped since the last check, and stop the
-        run if a streak reached the limit."""
-        counts = state["counts"].tolist()
-        trips = state["trips"].tolist()
+        """Read the device state (a synchronisation) and `check_values` it."""
+        self.check_values(state["counts"].tolist(), state["trips"].tolist(), iteration)
+
+    def check_values(self, counts: list, trips: list, iteration: int) -> None:
+        """Warn about steps skipped since the last check, and stop the run at `iteration` if a streak reached the
+        limit; `counts` and `trips` are the device state read on the host (now, or staged an interval ago)."""
+        counts = [int(c) for c in counts]
+        trips = [int(t) for t in trips]
         tripped = [(at, index) for index, at in enumerate(trips) if at >= 0]
         trip_iteration, trip_index = min(tripped) if tripped else (-1, -1)
         new_skips = sum(counts) - self._reported

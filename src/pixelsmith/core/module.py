@@ -507,13 +507,15 @@ class TrainingCore(L.LightningModule):
         last = last or self.preempted_by is not None
         # The reads below are deliberate (train.host_sync_check lets them pass): a logging iteration, the last one
         # (which the time budget decides, so no one can know it in advance), or one that already waited.
+        # Deliberate reads (train.host_sync_check lets them pass): a logging iteration reads the values it staged one
+        # interval ago (their copy long done: no wait), the last one reads its own (the time budget decides it, so
+        # no one can know it in advance), and an iteration that already waited reads the guard.
         with host_reads_allowed():
             if logging or last:
                 # Only on logging iterations: the loggers write nothing in between, and every `self.log` call costs
                 # ~0.4 ms of Lightning bookkeeping (docs/performance.md, "Template overhead").
-                self._log_iteration()
-            if logging or last or self.stepper.host_synced:
-                # Reading the guard makes the host wait for the device: only where the iteration waits anyway.
+                self._log_iteration(last)
+            if last or self.stepper.host_synced:
                 self._check_guard()
         self.stepper.host_synced = False
         if self.preempted_by is not None:
@@ -529,11 +531,8 @@ class TrainingCore(L.LightningModule):
         device-side state, e.g. ADA's p). Values in `train_iteration`'s result are device tensors held until then."""
         return {}
 
-    def _log_iteration(self) -> None:
-        rate = self.iteration_log.rate(self.images_seen)
-        if rate is not None:
-            self.log("img/s", rate, prog_bar=True, on_step=True, logger=True)
-        self.log_dict(self.iteration_log.metrics(self), on_step=True, on_epoch=False, prog_bar=False)
+    def _log_iteration(self, last: bool) -> None:
+        self.iteration_log.log(self, last)  # core/iteration_log.py: staged now, handed over an interval later
 
     def on_train_start(self) -> None:
         self.preemption.start_training(self.trainer, self.world_size)  # core/preemption.py

@@ -345,7 +345,10 @@ class GANModule(TrainingCore):
         # ADA's p and r_t live on the device; read them only when the iteration logs.
         if self.augment is None:
             return {}
-        return {f"augment/{k}": v for k, v in self.augment.stats().items()}
+        if self.device.type == "cpu":  # host values already: reading them tightens ADA's bound on p for free
+            return {f"augment/{k}": v for k, v in self.augment.stats().items()}
+        # On a GPU the device tensors, staged with the other logged values and read an interval later.
+        return {"augment/p": self.augment.p, "augment/rt": self.augment.last_rt}
 
     # ---- sampling ----------------------------------------------------------------------------------------------
     @torch.no_grad()
