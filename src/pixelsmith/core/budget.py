@@ -52,6 +52,10 @@ class TimeBudget:
     def elapsed_s(self) -> float:
         return clock() - self.started
 
+    def spent(self) -> bool:
+        """This process's own clock says the budget is spent (no agreement with other ranks, no device)."""
+        return self.minutes is not None and self.elapsed_s() >= self.minutes * 60.0
+
     def expired(
         self,
         world_size: int = 1,
@@ -61,7 +65,7 @@ class TimeBudget:
         """True once the budget is spent; with several ranks, True on all of them as soon as it is on one."""
         if self.minutes is None:
             return False
-        past = self.elapsed_s() >= self.minutes * 60.0
+        past = self.spent()
         if world_size > 1 and all_reduce is not None:
             flag = torch.tensor(float(past), device=device)
             all_reduce(flag)  # a sum: > 0 when any rank is past

@@ -141,10 +141,10 @@ class IterationLog:
             staged.event = torch.cuda.Event()
             staged.event.record()
             staged.buffer = buffer
+        elif device.type == "cpu":
+            staged.buffer = stacked  # a new tensor, on the host already
         else:
-            staged.buffer = (
-                stacked.cpu()
-            )  # a CPU run's values are on the host already (an MPS copy waits anyway)
+            staged.buffer = stacked.cpu()  # an Apple GPU: its copy waits anyway
         return staged
 
     def log(self, core: Any, last: bool) -> None:

@@ -37,6 +37,7 @@ import torch
 from torch import nn
 from torch.distributed.fsdp import FSDPModule
 
+from pixelsmith.core.agreement import RankAgreement
 from pixelsmith.core.checkpoint_state import load_core_state, save_core_state
 from pixelsmith.core.compile import canonical_channels_last, eager, prepare_networks
 from pixelsmith.core.config import CoreSettings, EMAConfig
@@ -114,6 +115,8 @@ class TrainingCore(L.LightningModule):
         self.host_random = random.Random(core.seed)
         self.preemption = PreemptionSignals(core.preemption_signals)
         self.preempted_by: int | None = None  # the signal that ended training, once it has
+        # GPU ranks' stop decisions without a device read (core/agreement.py).
+        self._agreement = RankAgreement()
         # hardware.cuda_graphs (core/graphs.py): set up in on_train_start, None when the run launches eagerly. The
         # iteration number and images seen then also live on the device, advanced inside the captured iteration.
         self._graphs: IterationGraphs | None = None
@@ -493,20 +496,33 @@ class TrainingCore(L.LightningModule):
         if iteration == 1:
             self.iteration_log.start(self.images_seen)
         budget = self.core.time_budget
-        last = iteration >= self.core.max_steps or (
-            budget.enabled and budget.expired(self.world_size, self.world_all_reduce, self.device)
-        )
         logging = iteration % self.core.log_every_n_steps == 0
         check_every = self.core.preemption_check_every_n_steps or self.core.log_every_n_steps
-        self.preempted_by = self.preemption.requested(  # several ranks agree every `check_every` iterations
-            self.world_size,
-            partial(self.world_all_reduce, op="max"),
-            self.device,
-            may_sync=iteration % check_every == 0 or last,
-        )
+        if self.world_size > 1 and self.device.type == "cuda":
+            # GPU ranks agree on the budget and a signal every `check_every` iterations, a check interval late
+            # (core/agreement.py): no device read.
+            last = iteration >= self.core.max_steps
+            if iteration % check_every == 0:
+                flags = [float(budget.enabled and budget.spent()), float(self.preemption.received or 0)]
+                agreed = self._agreement.exchange(
+                    flags, partial(self.world_all_reduce, op="max"), self.device
+                )
+                if agreed is not None:
+                    last = last or agreed[0] > 0
+                    self.preempted_by = int(agreed[1]) or None
+        else:
+            last = iteration >= self.core.max_steps or (
+                budget.enabled and budget.expired(self.world_size, self.world_all_reduce, self.device)
+            )
+            self.preempted_by = (
+                self.preemption.requested(  # several ranks agree every `check_every` iterations
+                    self.world_size,
+                    partial(self.world_all_reduce, op="max"),
+                    self.device,
+                    may_sync=iteration % check_every == 0 or last,
+                )
+            )
         last = last or self.preempted_by is not None
-        # The reads below are deliberate (train.host_sync_check lets them pass): a logging iteration, the last one
-        # (which the time budget decides, so no one can know it in advance), or one that already waited.
         # Deliberate reads (train.host_sync_check lets them pass): a logging iteration reads the values it staged one
         # interval ago (their copy long done: no wait), the last one reads its own (the time budget decides it, so
         # no one can know it in advance), and an iteration that already waited reads the guard.
