@@ -154,6 +154,33 @@ def test_cpu_precision_auto_takes_bf16_where_it_was_measured_faster(
     assert (explicit_warns in warned) if explicit_warns else "bf16" not in warned
 
 
+@pytest.mark.parametrize(
+    "cap",
+    [{"ATEN_CPU_CAPABILITY": "avx2"}, {"ONEDNN_MAX_CPU_ISA": "AVX2"}, {"ATEN_CPU_CAPABILITY": "default"}],
+)
+def test_cpu_precision_auto_takes_fp32_where_the_instruction_set_is_capped_below_bf16(
+    tmp_path, monkeypatch, cap
+):
+    """An AVX2-only machine emulated on a Zen 4 (the caps the slow CI CPU is emulated with): bf16 would be emulated."""
+    for name, value in cap.items():
+        monkeypatch.setenv(name, value)
+    cfg = compose_config(["hardware=cpu"], tmp_path)
+    with (
+        mock.patch("torch.cpu._is_avx512_bf16_supported", return_value=True),
+        mock.patch("torch.cpu._is_amx_tile_supported", return_value=False),
+        mock.patch("pixelsmith.hardware.plan.cpu_vendor", return_value="AuthenticAMD"),
+    ):
+        assert build_plan(cfg).precision == "32-true"
+    monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", "AVX512_CORE_BF16")  # a cap that keeps bf16
+    monkeypatch.delenv("ATEN_CPU_CAPABILITY", raising=False)
+    with (
+        mock.patch("torch.cpu._is_avx512_bf16_supported", return_value=True),
+        mock.patch("torch.cpu._is_amx_tile_supported", return_value=False),
+        mock.patch("pixelsmith.hardware.plan.cpu_vendor", return_value="AuthenticAMD"),
+    ):
+        assert build_plan(cfg).precision == "bf16-mixed"
+
+
 def _fake_cuda(name: str, capability: tuple[int, int], bf16: bool, count: int = 1, arch_list=None):
     # The installed torch's kernels are for its build's architectures; by default the fake GPU's own is among them.
     arch_list = arch_list if arch_list is not None else [f"sm_{capability[0]}{capability[1]}"]

@@ -84,8 +84,35 @@ class RuntimePlan:
         return self.devices * self.num_nodes
 
 
+# oneDNN's instruction sets with bf16 instructions (ONEDNN_MAX_CPU_ISA caps oneDNN below the named one).
+ONEDNN_BF16_ISAS = (
+    "AVX512_CORE_BF16",
+    "AVX512_CORE_FP16",
+    "AVX512_CORE_AMX",
+    "AVX512_CORE_AMX_FP16",
+    "AVX10_1_512",
+    "AVX10_1_512_AMX",
+    "AVX10_1_512_AMX_FP16",
+    "AVX10_2_512",
+    "AVX10_2_512_AMX_2",
+    "ALL",
+    "DEFAULT",
+)
+
+
+def isa_capped_below_bf16() -> bool:
+    """True when ATEN_CPU_CAPABILITY or ONEDNN_MAX_CPU_ISA keep torch's kernels off the CPU's bf16 instructions (an
+    AVX2-only machine emulated on an AVX-512 one): bf16 is then emulated, whatever the CPU has."""
+    aten = os.environ.get("ATEN_CPU_CAPABILITY", "").strip().lower()
+    onednn = os.environ.get("ONEDNN_MAX_CPU_ISA", "").strip().upper()
+    return aten in ("default", "avx2") or bool(onednn and onednn not in ONEDNN_BF16_ISAS)
+
+
 def cpu_has_native_bf16() -> bool:
-    """True when the CPU has bf16 instructions (AVX512-BF16 or AMX); without them bf16 autocast is emulated and slow."""
+    """True when the CPU has bf16 instructions (AVX512-BF16 or AMX) that torch may use; without them bf16 autocast
+    is emulated and slow."""
+    if isa_capped_below_bf16():
+        return False
     return bool(torch.cpu._is_avx512_bf16_supported() or cpu_has_amx())
 
 
@@ -115,7 +142,9 @@ def cpu_prefers_bf16() -> bool:
       bf16-mixed than in 32-true (2,218 against 1,763 img/s, medians of 3 interleaved repeats, `bench.py`, a quiet
       2-core EPYC);
     - not AVX512-BF16 alone on Intel (Cooper Lake): fp32 was about 3x faster there; nor without bf16 instructions
-      (emulated, many times slower)."""
+      (emulated, many times slower), or where ATEN_CPU_CAPABILITY / ONEDNN_MAX_CPU_ISA keep torch off them."""
+    if isa_capped_below_bf16():
+        return False
     if cpu_has_amx():
         return True
     return bool(torch.cpu._is_avx512_bf16_supported()) and cpu_vendor() == "AuthenticAMD"
