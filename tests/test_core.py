@@ -17,9 +17,10 @@ from torch.utils.data import DataLoader, TensorDataset
 
 from pixelsmith.callbacks.checkpoint import IterationCheckpoint
 from pixelsmith.core.config import CoreSettings, OptimizerConfig, ScheduleConfig
+from pixelsmith.core.contract import IterationResult, OptimizerDefinition
 from pixelsmith.core.ema import EMA
 from pixelsmith.core.guard import NonFiniteError
-from pixelsmith.core.module import IterationResult, OptimizerDefinition, TrainingCore
+from pixelsmith.core.module import TrainingCore
 from pixelsmith.core.schedules import lr_multiplier
 from pixelsmith.core.strategy import MultiNetworkDDPStrategy
 from pixelsmith.data.base import BatchSizeError, per_rank_batch

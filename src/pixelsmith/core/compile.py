@@ -64,7 +64,12 @@ def compile_mode_under_graphs(mode: str, cuda_graphs: bool) -> str:
 @contextmanager
 def eager(*modules: nn.Module) -> Iterator[None]:
     """Run modules compiled with `nn.Module.compile` uncompiled inside the block (their compiled code is kept for
-    after). Only the modules' own compiled entry points are switched off: a compiled sub-module keeps compiling."""
+    after). Only the modules' own compiled entry points are switched off: a compiled sub-module keeps compiling.
+
+    For a phase that differentiates through a gradient (R1, path length): AOTAutograd's compiled backward is not
+    itself differentiable ("torch.compile with aot_autograd does not currently support double backward"; the gradient
+    from `autograd.grad(create_graph=True)` comes back without a grad_fn). The other phases keep the compiled code; a
+    lazy regulariser runs every 4-16 iterations, so eager costs little there."""
     switched = [
         (m, m._compiled_call_impl)
         for module in modules

@@ -148,6 +148,14 @@ class IterationGraphs:
         graph.replay()
         return result
 
+    def log_summary(self) -> None:
+        if self.captures:
+            log.info(
+                "hardware.cuda_graphs: %d graph(s) captured, %d iterations replayed.",
+                self.captures,
+                self.replays,
+            )
+
     def give_up(self, reason: str) -> None:
         """Stop capturing for the rest of the run (graphs already made are released), saying why once."""
         if self.disabled_reason is None:

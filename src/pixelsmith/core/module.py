@@ -28,7 +28,6 @@ import random
 from collections import defaultdict
 from collections.abc import Callable, Hashable, Iterable, Iterator
 from contextlib import contextmanager, nullcontext
-from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
 
@@ -41,6 +40,7 @@ from pixelsmith.core.agreement import RankAgreement
 from pixelsmith.core.checkpoint_state import load_core_state, save_core_state
 from pixelsmith.core.compile import canonical_channels_last, eager, prepare_networks
 from pixelsmith.core.config import CoreSettings, EMAConfig
+from pixelsmith.core.contract import IterationResult, OptimizerDefinition
 from pixelsmith.core.ema import EMA
 from pixelsmith.core.fsdp import MultiNetworkFSDPStrategy
 from pixelsmith.core.graph_setup import CudaGraphSetup
@@ -58,27 +58,6 @@ from pixelsmith.core.stepping import OptimizerStepper, average_buffers
 from pixelsmith.errors import PixelsmithError
 
 log = logging.getLogger(__name__)
-
-
-@dataclass
-class OptimizerDefinition:
-    name: str
-    params: list[nn.Parameter]
-    # an optimizer config node (`_target_`, `_partial_`, lr, betas ...; see core/optim.py) or a partial/callable
-    optimizer: Any = None
-    lr_scale: float = 1.0  # e.g. lazy regularisation's interval / (interval + 1)
-    betas_power: float = 1.0  # lazy regularisation raises Adam betas to this power
-
-
-@dataclass
-class IterationResult:
-    """What `train_iteration` returns: images this rank trained on, and device values to log (held until the next
-    logging iteration; read by the host only there)."""
-
-    images: int
-    logs: dict[str, Any] = field(default_factory=dict)
-    # Set by the core: gradient all-reduces this iteration made (a replayed graph makes them without Python).
-    grad_allreduce_calls: int = field(default=0, repr=False)
 
 
 class TrainingCore(L.LightningModule):
@@ -161,21 +140,14 @@ class TrainingCore(L.LightningModule):
         graphs = self._graphs
         if graphs is not None and self._phase_timer is not None:
             graphs.give_up("a profiler (profiler=breakdown|torch) times the phases on the host")
-        # A plan's first run compiles (and waits) anyway: only then is it timed, with a device synchronisation.
-        first_run = self.startup.plan_is_new(plan)
-        if first_run:
-            with host_reads_allowed():
-                self.startup.plan_started(self.device)
-        if graphs is None:
-            result = self._device_iteration(batch)
-        else:
-            captures = graphs.captures
-            result = graphs.run(plan, batch, self._device_iteration, reset=self.abandon_iteration)
-            if graphs.captures > captures:
-                self.startup.plan_captured(plan, graphs.last_capture_s)
-        if first_run:
-            with host_reads_allowed():
-                self.startup.plan_ran(plan, self.device)
+        with self.startup.first_run(plan, self.device):  # timed once per plan (core/startup.py)
+            if graphs is None:
+                result = self._device_iteration(batch)
+            else:
+                captures = graphs.captures
+                result = graphs.run(plan, batch, self._device_iteration, reset=self.abandon_iteration)
+                if graphs.captures > captures:
+                    self.startup.plan_captured(plan, graphs.last_capture_s)
         self._end_iteration(result.images, result.logs, result.grad_allreduce_calls)
         self.startup.iteration_done(self.iteration)
 
@@ -224,6 +196,16 @@ class TrainingCore(L.LightningModule):
             scaler._per_optimizer_states = defaultdict(_refresh_per_optimizer_state)
         for name in self._optimizer_index:
             self._raw_optimizer(name).zero_grad(set_to_none=True)
+
+    def iteration_kind(self) -> str:
+        """The kind of the coming iteration for the FLOP count (perf/throughput.py counts each kind once): "common",
+        or the names of the occasional work in it (the GAN: its lazy phases, "r1" for Dreg alone). Default: one kind."""
+        return "common"
+
+    def lazy_interval(self) -> int | None:
+        """Every how many iterations the occasional work of `iteration_kind` runs (None: never), for the FLOPs
+        averaged over a run."""
+        return None
 
     def check_data(self, datamodule: Any) -> None:
         """Refuse data this model cannot train on (labels a conditional model needs, classes beyond its c_dim), at
@@ -309,14 +291,8 @@ class TrainingCore(L.LightningModule):
 
     @contextmanager
     def double_backward(self, *modules: nn.Module) -> Iterator[None]:
-        """Wrap a phase that differentiates through a gradient (R1, path length) of `modules`.
-
-        - Compiled networks run their eager forward inside the block: AOTAutograd's compiled backward is not itself
-          differentiable ("torch.compile with aot_autograd does not currently support double backward"; the
-          gradient from `autograd.grad(create_graph=True)` comes back without a grad_fn). The other phases keep the
-          compiled code; a lazy regulariser runs every 4-16 iterations, so eager costs little there.
-        - Under FSDP the weights stay gathered until the block ends (`keep_unsharded`).
-        """
+        """Wrap a phase that differentiates through a gradient (R1, path length) of `modules`: compiled networks run
+        eagerly inside it (core/compile.py's `eager` says why), and under FSDP their weights stay gathered."""
         with self.keep_unsharded(*modules), eager(*modules):
             yield
 
@@ -559,12 +535,8 @@ class TrainingCore(L.LightningModule):
             log.info("%s", self.startup.summary())
         self.startup.uninstall()
         self.preemption.uninstall()
-        if self._graphs is not None and self._graphs.captures:
-            log.info(
-                "hardware.cuda_graphs: %d graph(s) captured, %d iterations replayed.",
-                self._graphs.captures,
-                self._graphs.replays,
-            )
+        if self._graphs is not None:
+            self._graphs.log_summary()
         self._graphs = None  # the graphs hold their own memory pools: release them with the run
 
     # ---- hardware.cuda_graphs ------------------------------------------------------------------------------------

@@ -84,6 +84,7 @@ class StartupReport:
         self._installed = False
         self._plan_clock: float | None = None
         self._compile_at_plan_start = 0.0
+        self._seen_plans: set = set()
 
     # ---- Dynamo's callbacks ----------------------------------------------------------------------------------------
     def install(self) -> None:
@@ -140,7 +141,23 @@ class StartupReport:
 
     # ---- the iteration's events ------------------------------------------------------------------------------------
     def plan_is_new(self, plan: Any) -> bool:
-        return plan_label(plan) not in self.plans
+        # Keyed on the plan itself: formatting its label every iteration would be host work for nothing.
+        return plan not in self._seen_plans
+
+    @contextmanager
+    def first_run(self, plan: Any, device: torch.device) -> Iterator[None]:
+        """Around an iteration: a plan's first run (compiling what it calls, and waiting anyway) is timed, with a
+        device synchronisation at both ends (deliberate reads); every later run of the plan costs nothing here."""
+        if not self.plan_is_new(plan):
+            yield
+            return
+        from pixelsmith.core.host_reads import host_reads_allowed
+
+        with host_reads_allowed():
+            self.plan_started(device)
+        yield
+        with host_reads_allowed():
+            self.plan_ran(plan, device)
 
     def plan_started(self, device: torch.device) -> None:
         _synchronize(device)
@@ -150,6 +167,7 @@ class StartupReport:
     def plan_ran(self, plan: Any, device: torch.device) -> None:
         _synchronize(device)
         seconds = time.perf_counter() - (self._plan_clock or time.perf_counter())
+        self._seen_plans.add(plan)
         timing = self.plans.setdefault(plan_label(plan), PlanTiming())
         timing.first_run_s, timing.first_run_at_s = seconds, since_launch()
         timing.compile_s = sum(self.compile_s.values()) - self._compile_at_plan_start

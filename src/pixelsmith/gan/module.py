@@ -24,7 +24,8 @@ from torch import nn
 from torchvision.utils import make_grid
 
 from pixelsmith.core.config import CoreSettings, EMAConfig, OptimizerConfig, as_config
-from pixelsmith.core.module import IterationResult, OptimizerDefinition, TrainingCore
+from pixelsmith.core.contract import IterationResult, OptimizerDefinition
+from pixelsmith.core.module import TrainingCore
 from pixelsmith.errors import PixelsmithError
 from pixelsmith.gan.objectives import GANBatch, GANObjective, Phase
 
@@ -247,6 +248,13 @@ class GANModule(TrainingCore):
             )
         self._plan = (phases, adapts)
         return self._plan
+
+    def iteration_kind(self) -> str:
+        lazy = [p.name for p in self.objective.phases_at(self.iteration) if p.interval > 1]
+        return "common" if not lazy else "r1" if lazy == ["Dreg"] else "+".join(lazy)
+
+    def lazy_interval(self) -> int | None:
+        return self.objective.interval_of("Dreg")  # None when R1 is off
 
     def train_iteration(self, batch: Any) -> IterationResult:
         images = batch[0] if isinstance(batch, list | tuple) else batch

@@ -36,15 +36,12 @@ log = logging.getLogger(__name__)
 
 
 def iteration_kind(pl_module) -> str:
-    """The kind of the iteration about to run, from the GAN objective's phase table: "common" when no lazy
-    regularisation phase (interval > 1) runs, "r1" when lazy R1 (Dreg) alone does, else the lazy phases' names
-    ("Greg", "Dreg+Greg"). Each kind's FLOPs are counted once; a module without an objective but with
-    `r1_gamma`/`r1_interval` attributes (a fork's own R1 bookkeeping) is read the same way."""
-    objective = getattr(pl_module, "objective", None)
+    """The kind of the iteration about to run, as the model says (`TrainingCore.iteration_kind()`: "common", or the
+    lazy regularisation phases that run in it, e.g. "r1" or "Dreg+Greg"). Each kind's FLOPs are counted once. A module
+    without the hook but with `r1_gamma`/`r1_interval` attributes (a fork's own R1 bookkeeping) is read from them."""
+    if callable(getattr(pl_module, "iteration_kind", None)):
+        return pl_module.iteration_kind()
     iteration = int(getattr(pl_module, "iteration", 0))
-    if objective is not None and hasattr(objective, "phases_at"):
-        lazy = [p.name for p in objective.phases_at(iteration) if p.interval > 1]
-        return "common" if not lazy else "r1" if lazy == ["Dreg"] else "+".join(lazy)
     gamma = float(getattr(pl_module, "r1_gamma", 0.0) or 0.0)
     interval = int(getattr(pl_module, "r1_interval", 1) or 1)
     if gamma > 0 and interval > 1 and iteration % interval == 0:
@@ -114,9 +111,8 @@ class ThroughputMonitor(Callback):
         self.peak_flops, self.peak_key, self.peak_source = device_peak_flops(
             device, precision, self.peak_tflops
         )
-        objective = getattr(pl_module, "objective", None)
-        if objective is not None and hasattr(objective, "interval_of"):
-            self.r1_interval = objective.interval_of("Dreg")  # None when R1 is off
+        if callable(getattr(pl_module, "lazy_interval", None)):
+            self.r1_interval = pl_module.lazy_interval()  # None when no lazy phase runs
         elif float(getattr(pl_module, "r1_gamma", 0.0) or 0.0) > 0:
             self.r1_interval = int(getattr(pl_module, "r1_interval", 1) or 1)
 

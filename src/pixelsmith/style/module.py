@@ -31,7 +31,8 @@ from torch import Tensor, nn
 from torchvision.utils import make_grid
 
 from pixelsmith.core.config import CoreSettings, OptimizerConfig, as_config
-from pixelsmith.core.module import IterationResult, OptimizerDefinition, TrainingCore
+from pixelsmith.core.contract import IterationResult, OptimizerDefinition
+from pixelsmith.core.module import TrainingCore
 from pixelsmith.errors import PixelsmithError
 from pixelsmith.metrics.gram import gram_matrix
 from pixelsmith.style.config import (
