@@ -30,7 +30,7 @@ from pixelsmith.gan.objectives import (
     R1Penalty,
     Regularizer,
 )
-from pixelsmith.run.build import build_model, build_plan
+from pixelsmith.run.build import build_model, resolve_hardware
 from pixelsmith.run.fit import run
 from tests.conftest import FAST, SMALL, bare_trainer, compose_config, metrics_rows, series
 
@@ -328,12 +328,12 @@ def test_the_plain_benchmark_loop_and_the_module_compute_the_same_iterations(tmp
         ],
         tmp_path / "run",
     )
-    plan = build_plan(cfg)
+    hardware = resolve_hardware(cfg)
     core = CoreSettings(
         max_steps=2, optimizer_impl="foreach", seed=7, log_every_n_steps=1, precision=precision
     )
     module = build_model(cfg, core)
-    plain = build_plain_gan(cfg, plan, "foreach")
+    plain = build_plain_gan(cfg, hardware, "foreach")
     plain.G.load_state_dict(module.generator.state_dict())
     plain.D.load_state_dict(module.discriminator.state_dict())
     images = torch.randint(

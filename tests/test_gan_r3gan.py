@@ -22,7 +22,7 @@ from pixelsmith.gan.networks.r3gan import (
     ResidualBlock,
 )
 from pixelsmith.gan.objectives import GANBatch, R1Penalty, R3GANObjective
-from pixelsmith.run.build import build_core_settings, build_model, build_plan
+from pixelsmith.run.build import build_core_settings, build_model, resolve_hardware
 from pixelsmith.run.fit import run
 
 
@@ -128,7 +128,7 @@ def test_regularisers_or_a_loss_beside_r3gans_are_named_at_start_up_not_run(capl
 
 def test_g_step_leaves_d_unchanged_and_d_step_leaves_g(make_cfg):
     cfg = make_cfg(model="r3gan")
-    module = build_model(cfg, build_core_settings(cfg, build_plan(cfg)))
+    module = build_model(cfg, build_core_settings(cfg, resolve_hardware(cfg)))
     optimizers, _ = module.configure_optimizers()
     module._test_optimizers = optimizers
     module.optimizers = lambda use_pl_optimizer=True: optimizers  # noqa: ARG005

@@ -94,12 +94,12 @@ class GANModule(TrainingCore):
         return key.endswith(".noise_const")
 
     def _check_batch(self, core: CoreSettings) -> None:
-        """At start-up (a training run's core carries its config and plan), refuse a micro-batch D's minibatch
+        """At start-up (a training run's core carries its config and hardware settings), refuse a micro-batch D's minibatch
         standard deviation or the objective's draws cannot use, naming the batch sizes that work."""
         run = core.run_config or {}
-        plan = run.get("runtime_plan") or {}
-        batch = (run.get("data") or {}).get("batch_size") or plan.get("batch_size")
-        processes = int(plan.get("devices") or 1) * int(plan.get("num_nodes") or 1)
+        hardware = run.get("runtime_plan") or {}
+        batch = (run.get("data") or {}).get("batch_size") or hardware.get("batch_size")
+        processes = int(hardware.get("devices") or 1) * int(hardware.get("num_nodes") or 1)
         if not batch or batch % processes:
             return  # no run config (evaluation, a test's module); an indivisible batch is refused by the data
         draws = self.objective.real_draws()
