@@ -352,7 +352,9 @@ def test_compile_auto_compiles_for_folders_that_repay_it_or_from_the_cache():
 
     cpu, cuda = torch.device("cpu"), torch.device("cuda")
     assert compile_tiles("auto", cuda, CUDA_COMPILE_MIN_IMAGES) and not compile_tiles("auto", cuda, 1)
-    assert compile_tiles("auto", cuda, 1, cached=True) and not compile_tiles("auto", cpu, CPU_COMPILE_MIN_IMAGES - 1)
+    assert compile_tiles("auto", cuda, 1, cached=True) and not compile_tiles(
+        "auto", cpu, CPU_COMPILE_MIN_IMAGES - 1
+    )
     assert compile_tiles("auto", cpu, CPU_COMPILE_MIN_IMAGES) and not compile_tiles("false", cuda, 100)
     assert compile_tiles("true", cpu, 1)
     with pytest.raises(ValueError, match="compile='yes'; choose one of auto, true, false"):
