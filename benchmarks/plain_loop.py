@@ -33,7 +33,7 @@ from pixelsmith.hardware.settings import HardwareSettings
 
 @dataclass
 class PlainGAN:
-    """The objective's phases run by hand; implements `pixelsmith.gan.objectives.GANStep` for the objective."""
+    """The objective's phases run by hand; implements `pixelsmith.gan.objectives.GANLoop` for the objective."""
 
     G: nn.Module
     D: nn.Module
@@ -49,7 +49,7 @@ class PlainGAN:
     iteration: int = 0
     images_seen: int = 0
 
-    # ---- GANStep ---------------------------------------------------------------------------------------------
+    # ---- GANLoop ---------------------------------------------------------------------------------------------
     def autocast(self):
         return torch.autocast(self.device.type, dtype=self.dtype, enabled=self.dtype is not None)
 

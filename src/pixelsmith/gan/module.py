@@ -5,7 +5,7 @@ network each trains, how often) and computes their losses. This module runs them
 the other network frozen, `accumulate` micro-batches, the loss multiplied by the phase's interval (lazy
 regularisation), one optimizer step at the end of the phase, eager networks and gathered weights for phases that
 differentiate a gradient, and the step-time breakdown's phases (G_fwd, D_fwd, D_bwd, G_bwd, D_reg, G_reg, opt_step)
-timed here once. Augmentation (DiffAugment/ADA) is applied to every image D sees, inside the step, on the batch's
+timed here once. Augmentation (DiffAugment/ADA) is applied to every image D sees, inside the iteration, on the batch's
 device, and G's gradients flow through it; ADA adjusts p once D has trained this iteration. The core ends the
 iteration (EMA of G after buffers are synced across ranks, schedules, logging, guard, stopping).
 """
@@ -191,7 +191,7 @@ class GANModule(TrainingCore):
             targets["augment_p"] = self.augment.set_p
         return targets
 
-    # ---- what the objective calls (pixelsmith.gan.objectives.GANStep) ----------------------------------------------
+    # ---- what the objective calls (pixelsmith.gan.objectives.GANLoop) ----------------------------------------------
     @property
     def G(self) -> nn.Module:
         return self.generator
