@@ -345,9 +345,7 @@ def resolve_hardware_settings(
             "strategy=fsdp on CPU (gloo): this runs the sharded code path for testing; FSDP saves memory only on "
             "GPUs. For speed on CPU use strategy=ddp."
         )
-    devices = _get(hardware, "devices") or 1
-    if devices < 1:
-        raise HardwareError(f"hardware.devices={devices} must be at least 1.")
+    devices = _get(hardware, "devices") or 1  # its range: config/validate.py's rule, at start-up
     num_nodes = _get(hardware, "num_nodes") or 1
     launched = launch_topology()
     if launched is not None:

@@ -26,12 +26,9 @@ DATAMODULE_RUN_KEYS = ("accumulate", "max_steps", "seed")
 
 
 def resolve_hardware(cfg: DictConfig) -> HardwareSettings:
-    """The run's HardwareSettings from the composed config (`pixelsmith.hardware.settings.resolve_hardware_settings`), after the loop checks.
-    `run()` builds it once and passes it on; nothing else re-reads the hardware profile."""
-    if cfg.max_steps < 1:
-        raise PixelsmithError(f"max_steps={cfg.max_steps} must be at least 1.")
-    if cfg.accumulate < 1:
-        raise PixelsmithError(f"accumulate={cfg.accumulate} must be at least 1 (1 = no accumulation).")
+    """The run's HardwareSettings from the composed config (`pixelsmith.hardware.settings.resolve_hardware_settings`).
+    `run()` builds it once and passes it on; nothing else re-reads the hardware profile. `max_steps` and `accumulate`
+    are checked once, by config/validate.py's rules at start-up."""
     budget = cfg.train.get("time_budget_minutes")
     if budget is not None and budget <= 0:
         raise PixelsmithError(
