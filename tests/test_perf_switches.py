@@ -121,7 +121,8 @@ def test_optimizer_impl_switch_builds_that_adam(make_cfg, impl, fused, foreach):
 def test_cpu_profile_defaults_to_fused_adam_and_the_user_key_wins(make_cfg):
     assert resolve_hardware(make_cfg()).optimizer_impl == "fused"
     assert resolve_hardware(make_cfg("hardware.optimizer_impl=foreach")).optimizer_impl == "foreach"
-    # an unknown value is refused by the schema at composition (pixelsmith/config/choices.py), before the hardware settings resolve
+    # an unknown value is refused by the schema at composition (pixelsmith/config/choices.py), before the hardware
+    # settings resolve
     with pytest.raises((PixelsmithError, ConfigCompositionException), match="optimizer_impl"):
         resolve_hardware(make_cfg("hardware.optimizer_impl=turbo"))
     with pytest.raises(PixelsmithError, match="fused"):

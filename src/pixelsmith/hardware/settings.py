@@ -11,14 +11,14 @@ Each step happens in one place:
    `--cfg job` prints the settings that run, `hardware.*` keys on the command line (and in `conf/local/`) win over
    the profile's values by ordinary Hydra composition, and a profile of your own on `hydra.searchpath` composes and
    runs like a shipped one.
-2. **One set of hardware settings.** `resolve_hardware_settings` turns the composed `hardware`, `precision` and `strategy` nodes into a frozen
-   `HardwareSettings` (no profile file is read here: the composed node is the profile). An explicit `precision=...` wins
-   over the profile's default precision. Impossible requests (a CUDA profile with no CUDA device, bf16 on a GPU
+2. **One set of hardware settings.** `resolve_hardware_settings` turns the composed `hardware`, `precision` and
+   `strategy` nodes into a frozen `HardwareSettings` (no profile file is read here: the composed node is the
+   profile). An explicit `precision=...` wins over the profile's default precision. Impossible requests (a CUDA profile with no CUDA device, bf16 on a GPU
    without native bf16, NCCL without a GPU, more devices than GPUs) stop here with a HardwareError naming the fix,
    before any data is read or any output is written.
-3. **One application.** `apply_hardware` sets the process-wide switches the hardware settings ask for (matmul precision, intra-op
-   threads, cudnn.benchmark, TF32, the CUDA allocator settings and memory fraction); `pixelsmith.run.fit` calls it
-   once per run.
+3. **One application.** `apply_hardware` sets the process-wide switches the hardware settings ask for (matmul
+   precision, intra-op threads, cudnn.benchmark, TF32, the CUDA allocator settings and memory fraction);
+   `pixelsmith.run.fit` calls it once per run.
 """
 
 from __future__ import annotations

@@ -1,5 +1,6 @@
 """Performance toolkit of a training run: step-time breakdown, throughput/MFU/memory, torch.profiler windows, auto
-batch size (the hardware switches are part of the run's hardware settings: `pixelsmith.hardware.settings.apply_hardware`). The benchmarks (`bench.py`, the plain loop) live outside the package, in `benchmarks/`.
+batch size (the hardware switches are part of the run's hardware settings:
+`pixelsmith.hardware.settings.apply_hardware`). The benchmarks (`bench.py`, the plain loop) live outside the package, in `benchmarks/`.
 See docs/performance.md.
 
 `pixelsmith.run.fit.run` calls the three functions below; nothing here runs unless the config asks for it
