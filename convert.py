@@ -15,7 +15,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent / "src"))
 from pixelsmith.config.paths import register_resolvers
 from pixelsmith.config.schema import register_configs
 from pixelsmith.gan.convert import main
-from pixelsmith.hardware.plan import register_detected_profile
+from pixelsmith.hardware.settings import register_detected_profile
 
 register_configs()  # the checkpoint's run config is composed from conf/, as train.py composes it
 register_resolvers()

@@ -122,14 +122,14 @@ def _images_per_second(ends: list[float], warmup: int, steps: int, batch: int) -
     return steps * batch / (ends[warmup + steps - 1] - ends[warmup - 1])
 
 
-def _count_plain_flops(cfg, plan, optimizer_impl: str, warmup: int, steps: int) -> dict[str, Any]:
+def _count_plain_flops(cfg, hardware, optimizer_impl: str, warmup: int, steps: int) -> dict[str, Any]:
     """FLOPs of a plain iteration without and with lazy R1, and their mean over the timed iterations
     (warmup .. warmup + steps - 1 of a fresh run: R1 runs where iteration % r1_interval == 0)."""
     from benchmarks.gan_flops import count_gan_iteration_flops
     from benchmarks.plain_loop import build_plain_gan, endless, plain_loader
 
-    gan = build_plain_gan(cfg, plan, optimizer_impl)
-    images = next(endless(plain_loader(cfg, plan)))
+    gan = build_plain_gan(cfg, hardware, optimizer_impl)
+    images = next(endless(plain_loader(cfg, hardware)))
     counts = count_gan_iteration_flops(gan, images)
     return {
         "flops_per_iteration": counts.mean_over(range(warmup, warmup + steps)),
@@ -183,23 +183,25 @@ def child_main(spec: dict[str, Any]) -> dict[str, Any]:
             result["breakdown_csv"] = str(breakdown)
             result["breakdown_md"] = str(output_dir / "perf" / "breakdown.md")
         if spec.get("count_flops"):
-            from pixelsmith.run.build import build_plan
+            from pixelsmith.run.build import resolve_hardware
 
-            plan = build_plan(cfg)
-            result.update(_count_plain_flops(cfg, plan, plan.optimizer_impl, spec["warmup"], spec["steps"]))
+            hardware = resolve_hardware(cfg)
+            result.update(
+                _count_plain_flops(cfg, hardware, hardware.optimizer_impl, spec["warmup"], spec["steps"])
+            )
     else:
         import lightning as L
 
         from benchmarks.plain_loop import build_plain_gan, plain_loader, run_plain
-        from pixelsmith.hardware.plan import apply_plan
-        from pixelsmith.run.build import build_plan
+        from pixelsmith.hardware.settings import apply_hardware
+        from pixelsmith.run.build import resolve_hardware
 
-        plan = build_plan(cfg)
-        apply_plan(plan)
+        hardware = resolve_hardware(cfg)
+        apply_hardware(hardware)
         L.seed_everything(cfg.seed, workers=True, verbose=False)
         graphed = spec["kind"] == "graphed"
-        gan = build_plain_gan(cfg, plan, plan.optimizer_impl, capturable=graphed)
-        loader = plain_loader(cfg, plan)
+        gan = build_plain_gan(cfg, hardware, hardware.optimizer_impl, capturable=graphed)
+        loader = plain_loader(cfg, hardware)
         if graphed:
             from benchmarks.plain_loop import GraphedPlainGAN, endless
 
@@ -208,7 +210,9 @@ def child_main(spec: dict[str, Any]) -> dict[str, Any]:
             gan, loader, spec["warmup"] + spec["steps"], window_edges(spec["warmup"], spec["steps"])
         )
         if spec.get("count_flops"):
-            result.update(_count_plain_flops(cfg, plan, plan.optimizer_impl, spec["warmup"], spec["steps"]))
+            result.update(
+                _count_plain_flops(cfg, hardware, hardware.optimizer_impl, spec["warmup"], spec["steps"])
+            )
     result["img_per_s"] = _images_per_second(ends, spec["warmup"], spec["steps"], cell.batch_size)
     timed = ends[spec["warmup"] - 1 : spec["warmup"] + spec["steps"]]
     result["iteration_seconds"] = [b - a for a, b in zip(timed, timed[1:], strict=False)]
@@ -317,7 +321,7 @@ def emulated_bf16_reason(args: argparse.Namespace) -> str | None:
     CPU with AVX512-BF16 or AMX, or when `--emulated-bf16` asks for them anyway."""
     if getattr(args, "emulated_bf16", False) or (args.hardware != "cpu" and _cuda_available()):
         return None
-    from pixelsmith.hardware.plan import cpu_has_native_bf16
+    from pixelsmith.hardware.settings import cpu_has_native_bf16
 
     if cpu_has_native_bf16():
         return None
@@ -769,7 +773,7 @@ def _profile_cell(report: dict[str, Any]) -> dict[str, Any] | None:
     from hydra.errors import HydraException
 
     from benchmarks.harness import compose
-    from pixelsmith.run.build import build_plan
+    from pixelsmith.run.build import resolve_hardware
 
     try:
         with tempfile.TemporaryDirectory() as scratch:
@@ -780,7 +784,7 @@ def _profile_cell(report: dict[str, Any]) -> dict[str, Any] | None:
     try:
         # What the profile trains on this machine: the cpu profile's bf16-mixed falls back to 32-true on a CPU
         # without AMX (docs/platforms.md).
-        precision = build_plan(cfg).precision
+        precision = resolve_hardware(cfg).precision
     except PixelsmithError:  # a GPU profile's report rebuilt on a machine without that GPU
         precision = profile.precision
     for record in report["cells"]:

@@ -68,7 +68,7 @@ def compose(overrides: list[str], output_dir: Path):
 
     from pixelsmith.config.paths import CONF_DIR
     from pixelsmith.config.schema import register_configs
-    from pixelsmith.hardware.plan import register_detected_profile
+    from pixelsmith.hardware.settings import register_detected_profile
 
     register_configs()
     register_detected_profile()  # what `hardware=auto` composes

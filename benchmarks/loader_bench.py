@@ -114,7 +114,7 @@ def time_cell(dataset, size: int, decoder: str, repeats: int, batch: int = 64) -
 
 def step_images_per_second(size: int, hardware: str, steps: int = 6) -> tuple[str, float]:
     from benchmarks.plain_loop import build_plain_gan
-    from pixelsmith.run.build import build_plan
+    from pixelsmith.run.build import resolve_hardware
 
     model = ["model=dcgan"] if size <= 64 else ["model=stylegan2"]
     narrow = (
@@ -139,17 +139,17 @@ def step_images_per_second(size: int, hardware: str, steps: int = 6) -> tuple[st
         overrides += narrow
     with tempfile.TemporaryDirectory() as out:
         cfg = compose(overrides, Path(out))
-        plan = build_plan(cfg)
-        gan = build_plain_gan(cfg, plan, plan.optimizer_impl)
-        batch = plan.batch_size
+        hw = resolve_hardware(cfg)
+        gan = build_plain_gan(cfg, hw, hw.optimizer_impl)
+        batch = hw.batch_size
         images = torch.randint(0, 256, (batch, 3, size, size), dtype=torch.uint8)
         gan.step(images)
-        if plan.accelerator == "cuda":
+        if hw.accelerator == "cuda":
             torch.cuda.synchronize()
         start = time.perf_counter()
         for _ in range(steps):
             gan.step(images)
-        if plan.accelerator == "cuda":
+        if hw.accelerator == "cuda":
             torch.cuda.synchronize()
         return cfg.model.name, steps * batch / (time.perf_counter() - start)
 

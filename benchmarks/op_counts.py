@@ -113,13 +113,13 @@ def plain_counts(model: str, resolution: int, iterations: int, workdir: Path) ->
     import lightning as L
 
     from benchmarks.plain_loop import build_plain_gan, endless, plain_loader
-    from pixelsmith.run.build import build_plan
+    from pixelsmith.run.build import resolve_hardware
 
     cfg = _config(model, resolution, iterations, workdir / f"plain-{model}-{resolution}", [])
-    plan = build_plan(cfg)
+    hardware = resolve_hardware(cfg)
     L.seed_everything(cfg.seed, verbose=False)
-    gan = build_plain_gan(cfg, plan, "fused")
-    batches = endless(plain_loader(cfg, plan))
+    gan = build_plain_gan(cfg, hardware, "fused")
+    batches = endless(plain_loader(cfg, hardware))
     counts = []
     for _ in range(iterations):
         images = next(batches)

@@ -127,7 +127,7 @@ def measure(iterations: int = 120, repeats: int = 2, workdir: Path | None = None
 
     from benchmarks.harness import IterationClock, require_every_iteration
     from benchmarks.plain_loop import build_plain_gan, plain_loader, run_plain
-    from pixelsmith.run.build import build_plan
+    from pixelsmith.run.build import resolve_hardware
     from pixelsmith.run.fit import run
 
     workdir = workdir or Path("outputs") / "overhead"
@@ -139,10 +139,10 @@ def measure(iterations: int = 120, repeats: int = 2, workdir: Path | None = None
             require_every_iteration(run(cfg), iterations)
             times[variant] += _iteration_times(IterationClock.ends, skip)
         cfg = variant_config("plain", iterations, workdir / f"{repeat}-plain")
-        plan = build_plan(cfg)
+        hardware = resolve_hardware(cfg)
         L.seed_everything(cfg.seed, verbose=False)
-        gan = build_plain_gan(cfg, plan, "fused")
-        ends, _ = run_plain(gan, plain_loader(cfg, plan), iterations)
+        gan = build_plain_gan(cfg, hardware, "fused")
+        ends, _ = run_plain(gan, plain_loader(cfg, hardware), iterations)
         times["plain"] += _iteration_times(ends, skip)
         times[NORM] += gradient_norm_seconds(gan)
     return times

@@ -28,12 +28,12 @@ from pixelsmith.core.precision import AUTOCAST_DTYPES
 from pixelsmith.errors import PixelsmithError
 from pixelsmith.gan.module import build_objective
 from pixelsmith.gan.objectives import GANBatch, GANObjective, Phase
-from pixelsmith.hardware.plan import RuntimePlan
+from pixelsmith.hardware.settings import HardwareSettings
 
 
 @dataclass
 class PlainGAN:
-    """The objective's phases run by hand; implements `pixelsmith.gan.objectives.GANStep` for the objective."""
+    """The objective's phases run by hand; implements `pixelsmith.gan.objectives.GANLoop` for the objective."""
 
     G: nn.Module
     D: nn.Module
@@ -49,7 +49,7 @@ class PlainGAN:
     iteration: int = 0
     images_seen: int = 0
 
-    # ---- GANStep ---------------------------------------------------------------------------------------------
+    # ---- GANLoop ---------------------------------------------------------------------------------------------
     def autocast(self):
         return torch.autocast(self.device.type, dtype=self.dtype, enabled=self.dtype is not None)
 
@@ -126,20 +126,20 @@ class PlainGAN:
 
 
 def build_plain_gan(
-    cfg: DictConfig, plan: RuntimePlan, optimizer_impl: str, capturable: bool = False
+    cfg: DictConfig, hardware: HardwareSettings, optimizer_impl: str, capturable: bool = False
 ) -> PlainGAN:
-    device = torch.device("cuda" if plan.accelerator == "cuda" else "cpu")
+    device = torch.device("cuda" if hardware.accelerator == "cuda" else "cpu")
     model = cfg.model
     G = instantiate(model.generator).to(device)
     D = instantiate(model.discriminator).to(device)
     objective = build_objective(model.objective).to(device)
-    if plan.channels_last:
+    if hardware.channels_last:
         G.to(memory_format=torch.channels_last)
         D.to(memory_format=torch.channels_last)
     ema = EMA(G, model.ema.half_life_kimg, model.ema.rampup) if model.ema.enabled else None
-    if plan.compile:
-        G.compile(mode=plan.compile_mode)
-        D.compile(mode=plan.compile_mode)
+    if hardware.compile:
+        G.compile(mode=hardware.compile_mode)
+        D.compile(mode=hardware.compile_mode)
 
     def optimizer(params, node: DictConfig, network: str) -> torch.optim.Optimizer:
         factory = optimizer_factory(
@@ -152,7 +152,7 @@ def build_plain_gan(
         ratio = objective.lazy_ratio(network)
         return build_optimizer(factory, list(params), ratio, ratio, optimizer_impl)
 
-    dtype = AUTOCAST_DTYPES[plan.precision]
+    dtype = AUTOCAST_DTYPES[hardware.precision]
     return PlainGAN(
         G=G,
         D=D,
@@ -160,26 +160,26 @@ def build_plain_gan(
         ema=ema,
         opt_g=optimizer(G.parameters(), model.g_optimizer, "G"),
         opt_d=optimizer(D.parameters(), model.d_optimizer, "D"),
-        scaler=torch.amp.GradScaler(device.type) if plan.precision == "16-mixed" else None,
+        scaler=torch.amp.GradScaler(device.type) if hardware.precision == "16-mixed" else None,
         dtype=dtype,
         device=device,
-        channels_last=plan.channels_last,
+        channels_last=hardware.channels_last,
         z_dim=int(G.z_dim),
     )
 
 
-def plain_loader(cfg: DictConfig, plan: RuntimePlan) -> Iterable[torch.Tensor]:
+def plain_loader(cfg: DictConfig, hardware: HardwareSettings) -> Iterable[torch.Tensor]:
     """The same dataset and loader settings as the template's datamodule, with a plain shuffling sampler; with
     `data.on_device` (MNIST) the images live on the device and each epoch is a device-side permutation, as a user
     who keeps a small dataset on the GPU would write it."""
     from pixelsmith.run.build import build_datamodule
 
-    datamodule = build_datamodule(cfg, plan)
+    datamodule = build_datamodule(cfg, hardware)
     datamodule.setup("fit")
-    batch_size = int(cfg.data.batch_size or plan.batch_size)
+    batch_size = int(cfg.data.batch_size or hardware.batch_size)
     images = getattr(datamodule.train_set, "images", None)
     if datamodule.on_device and isinstance(images, torch.Tensor):
-        return _DeviceEpochs(images.to("cuda" if plan.accelerator == "cuda" else "cpu"), batch_size)
+        return _DeviceEpochs(images.to("cuda" if hardware.accelerator == "cuda" else "cpu"), batch_size)
     workers = datamodule.num_workers
     return DataLoader(
         datamodule.train_set,

@@ -110,10 +110,10 @@ def row_command(overrides: list[str], args: argparse.Namespace, run_dir: Path) -
     cadence, no intermediate samples, one fixed run dir)."""
     if args.kimg is not None:
         from benchmarks.harness import compose
-        from pixelsmith.run.build import build_plan
+        from pixelsmith.run.build import resolve_hardware
 
         cfg = compose([f"hardware={args.hardware}", *overrides], run_dir)
-        batch = int(cfg.data.batch_size or build_plan(cfg).batch_size) * int(cfg.accumulate)
+        batch = int(cfg.data.batch_size or resolve_hardware(cfg).batch_size) * int(cfg.accumulate)
         budget = ["train.time_budget_minutes=null", f"max_steps={math.ceil(args.kimg * 1000 / batch)}"]
     else:
         budget = [f"train.time_budget_minutes={args.minutes}", "max_steps=10000000"]

@@ -106,22 +106,22 @@ def _run_plain(cfg, iterations: int) -> list[float]:
     import lightning as L
     import torch
 
-    from pixelsmith.hardware.plan import apply_plan
-    from pixelsmith.run.build import build_core_settings, build_datamodule, build_model, build_plan
+    from pixelsmith.hardware.settings import apply_hardware
+    from pixelsmith.run.build import build_core_settings, build_datamodule, build_model, resolve_hardware
 
-    plan = build_plan(cfg)
-    apply_plan(plan)
+    hardware = resolve_hardware(cfg)
+    apply_hardware(hardware)
     L.seed_everything(cfg.seed, verbose=False)
-    module = build_model(cfg, build_core_settings(cfg, plan))
-    device = torch.device("cuda" if plan.accelerator == "cuda" else "cpu")
-    memory_format = torch.channels_last if plan.channels_last else torch.contiguous_format
+    module = build_model(cfg, build_core_settings(cfg, hardware))
+    device = torch.device("cuda" if hardware.accelerator == "cuda" else "cpu")
+    memory_format = torch.channels_last if hardware.channels_last else torch.contiguous_format
     stylizer = module.stylizer.to(device, memory_format=memory_format).train()
     criterion = module.criterion.to(device)
     criterion.loss_net.to(memory_format=memory_format)
     optimizer = torch.optim.Adam(stylizer.parameters(), lr=float(cfg.model.optimizer.lr))
-    dtype = {"bf16-mixed": torch.bfloat16, "16-mixed": torch.float16}.get(plan.precision)
+    dtype = {"bf16-mixed": torch.bfloat16, "16-mixed": torch.float16}.get(hardware.precision)
     scaler = torch.amp.GradScaler(device.type, enabled=dtype == torch.float16)
-    datamodule = build_datamodule(cfg, plan)
+    datamodule = build_datamodule(cfg, hardware)
     datamodule.prepare_data()
     datamodule.setup("fit")
     ends: list[float] = []
@@ -143,22 +143,22 @@ def _run_plain(cfg, iterations: int) -> list[float]:
 
 
 def _run_peer(cfg, iterations: int) -> list[float]:
-    """fast_neural_style's method (`benchmarks/style_peer.py`) on the template's loader and hardware plan."""
+    """fast_neural_style's method (`benchmarks/style_peer.py`) on the template's loader and hardware settings."""
     import lightning as L
     import torch
 
     from benchmarks import style_peer
-    from pixelsmith.hardware.plan import apply_plan
-    from pixelsmith.run.build import build_datamodule, build_plan
+    from pixelsmith.hardware.settings import apply_hardware
+    from pixelsmith.run.build import build_datamodule, resolve_hardware
     from pixelsmith.style.data import load_style_images
     from pixelsmith.style.module import resolve_style_paths
 
-    plan = build_plan(cfg)
-    apply_plan(plan)
+    hardware = resolve_hardware(cfg)
+    apply_hardware(hardware)
     L.seed_everything(cfg.seed, verbose=False)
-    device = torch.device("cuda" if plan.accelerator == "cuda" else "cpu")
+    device = torch.device("cuda" if hardware.accelerator == "cuda" else "cpu")
     style = load_style_images(resolve_style_paths(cfg.model.style_images)[:1], int(cfg.model.style_size))[0]
-    datamodule = build_datamodule(cfg, plan)
+    datamodule = build_datamodule(cfg, hardware)
     datamodule.prepare_data()
     datamodule.setup("fit")
 

@@ -10,7 +10,7 @@ fp32. Its loop reads both losses back every iteration for its running log (`.ite
 
 Only the benchmark calls this (`benchmarks/style_bench.py`, kind "peer"): the content crops come from the same data
 loader as the template's, and the process-wide switches (threads, cuDNN autotuning, TF32) from the same hardware
-plan, so the two differ in the training loop only.
+settings, so the two differ in the training loop only.
 """
 
 from __future__ import annotations

@@ -33,7 +33,7 @@ from omegaconf import DictConfig, open_dict
 import pixelsmith
 from pixelsmith.config.paths import CONF_DIR, REPO_ROOT
 from pixelsmith.config.schema import register_configs
-from pixelsmith.hardware.plan import register_detected_profile
+from pixelsmith.hardware.settings import register_detected_profile
 
 if REPO_ROOT is None or REPO_ROOT.resolve() != CHECKOUT or CONF_DIR.resolve() != CHECKOUT / "conf":
     pytest.exit(

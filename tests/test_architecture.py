@@ -31,8 +31,8 @@ LAYERS: list[tuple[str, ...]] = [
     ("config.paths", "safe_load", "config.rules"),  # where the config tree and data live; user files as data
     ("core",),  # the training core (loop bookkeeping, optimizers, precision, strategies) and its schemas
     ("hardware.schema",),  # the hardware/precision/strategy schemas
-    ("hardware.plan",),  # profiles -> the one runtime plan
-    ("run.build",),  # plan, core settings, datamodule and model from the composed config
+    ("hardware.settings",),  # profiles -> the one set of hardware settings
+    ("run.build",),  # hardware settings, core settings, datamodule and model from the composed config
     ("augment", "data", "perf"),  # augmentation, data modules, the performance hooks training uses
     ("metrics",),  # evaluation: reads the data; the Gram matrix the style loss imports
     # The optional model parts (MODEL_PARTS): leaves that only they import, so a fork deletes one with no other edit.

@@ -188,7 +188,7 @@ def test_a_refused_command_line_run_writes_nothing_into_the_dir(tmp_path):
 
 
 def test_the_launcher_decides_nodes_and_processes(monkeypatch, make_cfg):
-    from pixelsmith.run.build import build_plan
+    from pixelsmith.run.build import resolve_hardware
 
     for key in list(os.environ):
         if key.startswith(("SLURM_", "TORCHELASTIC_")) or key in ("RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE"):
@@ -204,8 +204,8 @@ def test_the_launcher_decides_nodes_and_processes(monkeypatch, make_cfg):
         and launch.hydra_subdir() is None
         and launch.log_name("train") == "train_rank3"
     )
-    plan = build_plan(make_cfg("hardware.devices=1"))  # the launcher wins over the config
-    assert (plan.num_nodes, plan.devices, plan.strategy) == (2, 2, "ddp")
+    hardware = resolve_hardware(make_cfg("hardware.devices=1"))  # the launcher wins over the config
+    assert (hardware.num_nodes, hardware.devices, hardware.strategy) == (2, 2, "ddp")
 
     for key in ("TORCHELASTIC_RUN_ID", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "RANK"):
         monkeypatch.delenv(key)

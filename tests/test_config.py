@@ -12,8 +12,8 @@ from hydra.errors import ConfigCompositionException
 from omegaconf.errors import ValidationError
 
 from pixelsmith.config.paths import CONF_DIR
-from pixelsmith.hardware.plan import HardwareError, resolve_plan
-from pixelsmith.run.build import build_plan
+from pixelsmith.hardware.settings import HardwareError, resolve_hardware_settings
+from pixelsmith.run.build import resolve_hardware
 from tests.conftest import compose_config, cpu_flags, run_cli
 
 GROUPS = [
@@ -101,9 +101,9 @@ def test_hardware_v100_without_cuda_stops_and_names_the_fix(tmp_path):
 
 def test_auto_detects_cpu_and_cli_precision_wins(tmp_path):
     with _no_cuda():  # hardware=auto is detected when the config is composed: compose inside the mock
-        plan = build_plan(compose_config(["precision=32-true"], tmp_path))
-        assert plan.profile == "cpu" and plan.accelerator == "cpu" and plan.precision == "32-true"
-        plan = build_plan(compose_config([], tmp_path))
+        hardware = resolve_hardware(compose_config(["precision=32-true"], tmp_path))
+        assert hardware.profile == "cpu" and hardware.accelerator == "cpu" and hardware.precision == "32-true"
+        hardware = resolve_hardware(compose_config([], tmp_path))
     flags = cpu_flags()
     if flags is None:
         pytest.skip(
@@ -114,7 +114,7 @@ def test_auto_detects_cpu_and_cli_precision_wins(tmp_path):
     # on a Sapphire Rapids Xeon.
     amd = "AuthenticAMD" in Path("/proc/cpuinfo").read_text()
     prefers = "amx_tile" in flags or ("avx512_bf16" in flags and amd)
-    assert plan.precision == ("bf16-mixed" if prefers else "32-true"), sorted(
+    assert hardware.precision == ("bf16-mixed" if prefers else "32-true"), sorted(
         flags & {"avx512_bf16", "amx_tile"}
     )
 
@@ -142,13 +142,13 @@ def test_cpu_precision_auto_takes_bf16_where_it_was_measured_faster(
     with (
         mock.patch("torch.cpu._is_avx512_bf16_supported", return_value=avx512_bf16),
         mock.patch("torch.cpu._is_amx_tile_supported", return_value=amx),
-        mock.patch("pixelsmith.hardware.plan.cpu_vendor", return_value=vendor),
+        mock.patch("pixelsmith.hardware.settings.cpu_vendor", return_value=vendor),
     ):
-        assert build_plan(cfg).precision == auto
+        assert resolve_hardware(cfg).precision == auto
         caplog.clear()
         explicit = compose_config(["hardware=cpu", "precision=bf16-mixed"], tmp_path)
         assert (
-            build_plan(explicit).precision == "bf16-mixed"
+            resolve_hardware(explicit).precision == "bf16-mixed"
         )  # asked for: honoured, with a word where it is slower
     warned = " ".join(r.getMessage() for r in caplog.records if r.levelname == "WARNING")
     assert (explicit_warns in warned) if explicit_warns else "bf16" not in warned
@@ -210,7 +210,7 @@ def test_v100_with_a_cuda13_torch_is_refused_with_the_build_to_install(tmp_path)
         _fake_cuda("Tesla V100-SXM2-16GB", (7, 0), False, arch_list=CUDA13_ARCHS),
         pytest.raises(HardwareError) as err,
     ):
-        build_plan(compose_config(["hardware=auto"], tmp_path))
+        resolve_hardware(compose_config(["hardware=auto"], tmp_path))
     text = str(err.value)
     assert "sm_70" in text and "V100" in text and "cu126" in text and "get_arch_list" in text
     # The same wheel runs an H100, an A10 (sm_86 binary) and an L4 (sm_89 on the sm_86 binary).
@@ -220,7 +220,7 @@ def test_v100_with_a_cuda13_torch_is_refused_with_the_build_to_install(tmp_path)
         ("NVIDIA L4", (8, 9)),
     ):
         with _fake_cuda(name, capability, True, arch_list=CUDA13_ARCHS):
-            assert build_plan(compose_config(["hardware=auto"], tmp_path)).accelerator == "cuda"
+            assert resolve_hardware(compose_config(["hardware=auto"], tmp_path)).accelerator == "cuda"
 
 
 @pytest.mark.parametrize(
@@ -236,7 +236,7 @@ def test_v100_with_a_cuda13_torch_is_refused_with_the_build_to_install(tmp_path)
     ],
 )
 def test_torch_build_architecture_rules(capability, arch_list, supported):
-    from pixelsmith.hardware.plan import torch_build_supports
+    from pixelsmith.hardware.settings import torch_build_supports
 
     assert torch_build_supports(capability, arch_list) is supported
 
@@ -255,57 +255,61 @@ def test_torch_build_architecture_rules(capability, arch_list, supported):
 def test_auto_detection_with_a_mocked_gpu(tmp_path, device_name, capability, bf16, profile, precision):
     with _fake_cuda(device_name, capability, bf16):
         cfg = compose_config([], tmp_path)  # the mocked GPU is detected at composition
-        plan = build_plan(cfg)
+        hardware = resolve_hardware(cfg)
     assert cfg.hardware.name == profile and cfg.hardware.accelerator == "cuda"
-    assert plan.profile == profile and plan.accelerator == "cuda" and plan.precision == precision
-    assert plan.cudnn_benchmark and plan.pin_memory
-    assert plan.allow_tf32 == (profile != "v100")
+    assert hardware.profile == profile and hardware.accelerator == "cuda" and hardware.precision == precision
+    assert hardware.cudnn_benchmark and hardware.pin_memory
+    assert hardware.allow_tf32 == (profile != "v100")
 
 
 def test_bf16_on_v100_is_refused_with_the_fix(tmp_path):
     cfg = compose_config(["hardware=v100", "precision=bf16-mixed"], tmp_path)
     with _fake_cuda("Tesla V100-SXM2-16GB", (7, 0), False), pytest.raises(HardwareError) as err:
-        build_plan(cfg)
+        resolve_hardware(cfg)
     assert "precision=16-mixed" in str(err.value) and "V100" in str(err.value)
 
 
 def test_explicit_precision_wins_over_profile_default(tmp_path):
     cfg = compose_config(["hardware=v100", "precision=32-true"], tmp_path)
     with _fake_cuda("Tesla V100-SXM2-16GB", (7, 0), False):
-        assert build_plan(cfg).precision == "32-true"
+        assert resolve_hardware(cfg).precision == "32-true"
 
 
 def test_fsdp_on_cpu_runs_over_gloo_and_says_it_is_for_testing(tmp_path, caplog):
-    with caplog.at_level("INFO", logger="pixelsmith.hardware.plan"):
-        plan = build_plan(compose_config(["hardware=cpu", "strategy=fsdp", "hardware.devices=2"], tmp_path))
-    assert (plan.strategy, plan.process_group_backend, plan.devices) == ("fsdp", "gloo", 2)
+    with caplog.at_level("INFO", logger="pixelsmith.hardware.settings"):
+        hardware = resolve_hardware(
+            compose_config(["hardware=cpu", "strategy=fsdp", "hardware.devices=2"], tmp_path)
+        )
+    assert (hardware.strategy, hardware.process_group_backend, hardware.devices) == ("fsdp", "gloo", 2)
     assert "FSDP saves memory only on GPUs" in caplog.text and "strategy=ddp" in caplog.text
 
 
 def test_nccl_on_cpu_names_the_fix(tmp_path):
     cfg = compose_config(["hardware=cpu", "strategy=fsdp", "strategy.process_group_backend=nccl"], tmp_path)
     with pytest.raises(HardwareError) as err:
-        build_plan(cfg)
+        resolve_hardware(cfg)
     assert "process_group_backend=nccl needs CUDA" in str(err.value) and "gloo" in str(err.value)
 
 
 def test_unknown_precision_lists_choices(tmp_path):
     cfg = compose_config(["hardware=cpu"], tmp_path)
     with pytest.raises(HardwareError) as err:
-        resolve_plan(cfg.hardware, "fp8", "auto")
+        resolve_hardware_settings(cfg.hardware, "fp8", "auto")
     assert "32-true" in str(err.value) and "bf16-mixed" in str(err.value)
 
 
 def test_more_devices_than_gpus_is_refused(tmp_path):
     cfg = compose_config(["hardware=a100", "hardware.devices=4"], tmp_path)
     with _fake_cuda("NVIDIA A100-SXM4-80GB", (8, 0), True, count=2), pytest.raises(HardwareError) as err:
-        build_plan(cfg)
+        resolve_hardware(cfg)
     assert "hardware.devices=2" in str(err.value)
 
 
 def test_user_hardware_keys_overlay_the_detected_profile(tmp_path):
-    plan = build_plan(compose_config(["hardware.batch_size=24", "hardware.channels_last=false"], tmp_path))
-    assert plan.profile == "cpu" and plan.batch_size == 24 and plan.channels_last is False
+    hardware = resolve_hardware(
+        compose_config(["hardware.batch_size=24", "hardware.channels_last=false"], tmp_path)
+    )
+    assert hardware.profile == "cpu" and hardware.batch_size == 24 and hardware.channels_last is False
 
 
 def test_default_progress_bar_counts_iterations_not_a_meaningless_epoch(tmp_path):
@@ -562,7 +566,7 @@ def test_a_profile_of_your_own_is_detected_by_its_expected_gpu(tmp_path):
     import shutil
 
     from pixelsmith.config.paths import CONF_DIR
-    from pixelsmith.hardware.plan import cuda_profile_for
+    from pixelsmith.hardware.settings import cuda_profile_for
 
     shutil.copytree(CONF_DIR / "hardware", tmp_path / "hardware")
     (tmp_path / "hardware" / "h100nvl.yaml").write_text("name: h100nvl\nexpected_gpu: H100 NVL\n")

@@ -172,10 +172,10 @@ def test_a_callback_hooked_inside_the_step_blocks_capture(make_cfg, caplog):
         def on_after_backward(self, trainer, pl_module):  # would run at capture only, never at a replay
             pass
 
-    from pixelsmith.run.build import build_core_settings, build_model, build_plan
+    from pixelsmith.run.build import build_core_settings, build_model, resolve_hardware
 
     cfg = make_cfg("hardware.cuda_graphs=true", "max_steps=2")
-    module = build_model(cfg, build_core_settings(cfg, build_plan(cfg)))
+    module = build_model(cfg, build_core_settings(cfg, resolve_hardware(cfg)))
     trainer = L.Trainer(
         accelerator="cpu",
         max_steps=2,
@@ -318,12 +318,12 @@ def test_under_inductors_own_cuda_graphs_fakes_for_d_are_copies_and_each_iterati
     """On an H200, compile_mode=reduce-overhead / max-autotune failed in Dmain: G's fakes (an inference call, no
     backward pending) were overwritten by D's replay before D read them. They are now cloned, and every iteration
     tells the cudagraph trees where it starts. Under hardware.cuda_graphs the modes give way (no clone, no mark)."""
-    from pixelsmith.run.build import build_core_settings, build_model, build_plan
+    from pixelsmith.run.build import build_core_settings, build_model, resolve_hardware
 
     cfg = make_cfg(
         "hardware.compile=true", f"hardware.compile_mode={mode}", f"hardware.cuda_graphs={cuda_graphs}"
     )
-    module = build_model(cfg, build_core_settings(cfg, build_plan(cfg)))
+    module = build_model(cfg, build_core_settings(cfg, resolve_hardware(cfg)))
     module.configure_model()  # nn.Module.compile is lazy: nothing is compiled until a network runs
     assert module.inductor_cuda_graphs is inductor_graphs
     returned = []

@@ -232,8 +232,8 @@ def test_training_with_data_on_the_device_equals_the_dataloader_run(make_cfg, tm
 
     original = train_module.build_trainer
 
-    def with_probe(cfg, plan):
-        trainer = original(cfg, plan)
+    def with_probe(cfg, hardware):
+        trainer = original(cfg, hardware)
         trainer.callbacks.append(LoaderKind())
         return trainer
 
@@ -359,10 +359,10 @@ def test_mirror_doubles_mnist_on_the_device_and_through_the_loader(on_device):
 
 
 def test_data_mirror_reaches_the_datamodule_from_the_config(make_cfg):
-    from pixelsmith.run.build import build_datamodule, build_plan
+    from pixelsmith.run.build import build_datamodule, resolve_hardware
 
     cfg = make_cfg("data.mirror=true", "data.limit=8")
-    module = build_datamodule(cfg, build_plan(cfg))
+    module = build_datamodule(cfg, resolve_hardware(cfg))
     module.setup()
     assert module.mirror and len(module.train_set) == 16
 

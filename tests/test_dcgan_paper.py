@@ -13,7 +13,7 @@ import pytest
 import torch
 from torch import nn
 
-from pixelsmith.run.build import build_core_settings, build_model, build_plan
+from pixelsmith.run.build import build_core_settings, build_model, resolve_hardware
 from tests.conftest import compose_config
 
 PAPER = {
@@ -51,7 +51,7 @@ def test_the_preset_equals_the_papers_table(tmp_path):
 def test_the_preset_builds_the_papers_networks(tmp_path):
     cfg = compose_config(["experiment=dcgan_paper", "hardware=cpu"], tmp_path)
     torch.manual_seed(0)
-    module = build_model(cfg, build_core_settings(cfg, build_plan(cfg)))
+    module = build_model(cfg, build_core_settings(cfg, resolve_hardware(cfg)))
     g, d = module.generator, module.discriminator
     # 32 px: G projects z to 4 * ngf = 256 maps at 4x4; D's first conv gives ndf = 64 maps, with no norm after it
     assert g.main[0].width == 256 and g.main[0].weight.shape == (100, 256 * 16)

@@ -95,7 +95,7 @@ for name in modules:
     importlib.import_module(name)
 from hydra import compose, initialize_config_dir
 from pixelsmith.config.schema import register_configs
-from pixelsmith.hardware.plan import register_detected_profile
+from pixelsmith.hardware.settings import register_detected_profile
 from pixelsmith.parts import part_names
 from pixelsmith.config.paths import CONF_DIR
 register_configs()

@@ -24,7 +24,7 @@ from benchmarks.gan_bench import (
     targets_markdown,
 )
 from benchmarks.harness import RunEndedEarly, require_every_iteration
-from pixelsmith.hardware import plan as hardware
+from pixelsmith.hardware import settings as hardware
 from pixelsmith.perf import flops as flops_mod
 from pixelsmith.perf.flops import cpu_peak_flops
 from tests.conftest import compose_config, run_cli

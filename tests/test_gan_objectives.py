@@ -30,7 +30,7 @@ from pixelsmith.gan.objectives import (
     R1Penalty,
     Regularizer,
 )
-from pixelsmith.run.build import build_model, build_plan
+from pixelsmith.run.build import build_model, resolve_hardware
 from pixelsmith.run.fit import run
 from tests.conftest import FAST, SMALL, bare_trainer, compose_config, metrics_rows, series
 
@@ -50,9 +50,9 @@ class LogitMagnitude(Regularizer):
         self.weight = weight
         self.calls = 0
 
-    def loss(self, step, inputs):
+    def loss(self, loop, inputs):
         self.calls += 1
-        drift = step.D_forward(inputs["real"]).float().square().mean()
+        drift = loop.D_forward(inputs["real"]).float().square().mean()
         return PhaseLoss(drift * self.weight, {"loss/drift": drift.detach()})
 
 
@@ -122,8 +122,8 @@ def test_losses_match_a_hand_computation():
     assert HingeLoss().generator(fake) == pytest.approx(1.5)
 
 
-class _Step:
-    """What a loop gives an objective (GANStep), reduced to the networks: no autocast, one rank."""
+class _Loop:
+    """What a loop gives an objective (GANLoop), reduced to the networks: no autocast, one rank."""
 
     def __init__(self, G=None, D=None, scale: float = 1.0):
         self.G, self.D, self.device, self.scale = G, D, torch.device("cpu"), scale
@@ -152,7 +152,7 @@ class _SquareD(nn.Module):
 def test_r1_is_gamma_over_two_times_the_squared_gradient_norm_at_reals(scale):
     reals = torch.tensor([[[[1.0, 1.0]]], [[[0.5, -1.5]]]])  # two 1x1x2 "images"
     # ||2x||^2: 4 * (1 + 1) = 8 and 4 * (0.25 + 2.25) = 10; mean 9. gamma = 4: 4 / 2 * 9 = 18 (gamma * 9 = 36).
-    out = R1Penalty(gamma=4.0, interval=16).loss(_Step(D=_SquareD(), scale=scale), {"real": reals})
+    out = R1Penalty(gamma=4.0, interval=16).loss(_Loop(D=_SquareD(), scale=scale), {"real": reals})
     assert out.logs["loss/r1"].item() == pytest.approx(9.0, rel=1e-6)
     assert out.loss.item() == pytest.approx(18.0, rel=1e-6)
     assert out.loss.requires_grad  # it trains D: differentiable w.r.t. D's parameters through the gradient
@@ -184,16 +184,16 @@ def test_path_length_penalty_matches_a_hand_computation(monkeypatch):
     assert penalty == pytest.approx(2.921533, abs=1e-6)
 
     reg = PathLengthPenalty(weight=3.0, interval=4, decay=0.25, batch_shrink=1)
-    out = reg.loss(_Step(G=_ProductG()), {"z": z})
+    out = reg.loss(_Loop(G=_ProductG()), {"z": z})
     assert out.logs["pl/mean"].item() == pytest.approx(pl_mean, rel=1e-6)
     assert out.logs["loss/pl"].item() == pytest.approx(penalty, rel=1e-5)
     assert out.loss.item() == pytest.approx(3.0 * penalty, rel=1e-5)  # weight 3: 8.764599
     # The running mean moves `decay` of the way again at the next call: 0.493308 + 0.25 * (1.973231 - 0.493308).
-    again = reg.loss(_Step(G=_ProductG()), {"z": z})
+    again = reg.loss(_Loop(G=_ProductG()), {"z": z})
     assert again.logs["pl/mean"].item() == pytest.approx(pl_mean + 0.25 * (batch_mean - pl_mean), rel=1e-6)
     assert again.logs["pl/mean"].item() == pytest.approx(0.863288, abs=1e-6)
     # batch_shrink 2 keeps the first half of the batch: the first latent only.
-    half = PathLengthPenalty(weight=1.0, decay=1.0, batch_shrink=2).loss(_Step(G=_ProductG()), {"z": z})
+    half = PathLengthPenalty(weight=1.0, decay=1.0, batch_shrink=2).loss(_Loop(G=_ProductG()), {"z": z})
     assert half.logs["pl/mean"].item() == pytest.approx(math.sqrt(8.0), rel=1e-6)
 
 
@@ -204,7 +204,7 @@ def test_path_length_takes_its_gradient_unscaled_so_fp16_does_not_overflow(monke
     monkeypatch.setattr(torch, "randn_like", lambda t, dtype=None: torch.ones_like(t, dtype=dtype))
     z = torch.tensor([[1.0, 1.0, 1.0, 1.0, 4.0]], dtype=torch.float16)
     reg = PathLengthPenalty(weight=1.0, decay=1.0, batch_shrink=1)
-    out = reg.loss(_Step(G=_ProductG().half(), scale=2.0**16), {"z": z})
+    out = reg.loss(_Loop(G=_ProductG().half(), scale=2.0**16), {"z": z})
     assert out.logs["pl/mean"].item() == pytest.approx(math.sqrt(20.0), rel=1e-3)
     assert math.isfinite(out.logs["loss/pl"].item())
 
@@ -213,10 +213,10 @@ def test_a_non_finite_batch_leaves_the_path_length_mean_where_it_was(monkeypatch
     """An overflowing batch (the GradScaler skips its step) must not poison pl_mean for the rest of the run."""
     monkeypatch.setattr(torch, "randn_like", lambda t, dtype=None: torch.ones_like(t, dtype=dtype))
     reg = PathLengthPenalty(weight=1.0, decay=0.25, batch_shrink=1)
-    reg.loss(_Step(G=_ProductG()), {"z": torch.tensor([[1.0, 1.0, 1.0, 1.0, 2.0]])})
+    reg.loss(_Loop(G=_ProductG()), {"z": torch.tensor([[1.0, 1.0, 1.0, 1.0, 2.0]])})
     before = reg.pl_mean.item()
     assert before == pytest.approx(0.25 * math.sqrt(8.0), rel=1e-6)  # from 0, decay 0.25: 0.707107
-    huge = reg.loss(_Step(G=_ProductG()), {"z": torch.tensor([[1.0, 1.0, 1.0, 1.0, 1e38]])})  # length inf
+    huge = reg.loss(_Loop(G=_ProductG()), {"z": torch.tensor([[1.0, 1.0, 1.0, 1.0, 1e38]])})  # length inf
     assert not math.isfinite(huge.logs["loss/pl"].item())
     assert reg.pl_mean.item() == before
 
@@ -251,7 +251,7 @@ def test_path_length_wrt_per_layer_ws_matches_nvlabs_by_hand(monkeypatch):
 
     reg = PathLengthPenalty()
     assert (reg.weight, reg.interval, reg.decay, reg.batch_shrink) == (2.0, 4, 0.01, 2)
-    out = reg.loss(_Step(G=_TwoLayerG()), {"z": z})
+    out = reg.loss(_Loop(G=_TwoLayerG()), {"z": z})
     assert out.logs["pl/mean"].item() == pytest.approx(pl_mean, rel=1e-6)
     assert out.logs["loss/pl"].item() == pytest.approx(penalty, rel=1e-6)
     assert out.loss.item() == pytest.approx(2.0 * penalty, rel=1e-6)
@@ -273,7 +273,7 @@ def test_path_length_of_stylegan2_is_taken_wrt_the_ws_the_synthesis_network_read
     reg = PathLengthPenalty(
         weight=1.0, decay=1.0, batch_shrink=1
     )  # decay 1: pl_mean is this batch's mean length
-    out = reg.loss(_Step(G=G), {"z": z})
+    out = reg.loss(_Loop(G=G), {"z": z})
 
     ws = G.mapping(z).detach().clone().requires_grad_(True)
     (grads,) = torch.autograd.grad((G.synthesis(ws) * probe / 16.0).sum(), ws)
@@ -328,12 +328,12 @@ def test_the_plain_benchmark_loop_and_the_module_compute_the_same_iterations(tmp
         ],
         tmp_path / "run",
     )
-    plan = build_plan(cfg)
+    hardware = resolve_hardware(cfg)
     core = CoreSettings(
         max_steps=2, optimizer_impl="foreach", seed=7, log_every_n_steps=1, precision=precision
     )
     module = build_model(cfg, core)
-    plain = build_plain_gan(cfg, plan, "foreach")
+    plain = build_plain_gan(cfg, hardware, "foreach")
     plain.G.load_state_dict(module.generator.state_dict())
     plain.D.load_state_dict(module.discriminator.state_dict())
     images = torch.randint(
@@ -478,17 +478,17 @@ class ConditionalObjective(GANObjective):
             )
         return inputs
 
-    def loss(self, phase, step, inputs):
+    def loss(self, phase, loop, inputs):
         if phase.name == "Dmain":
-            fake = step.G_forward(inputs["z"], inputs["c_fake"], grad=False)
-            real_logits = step.D_forward(inputs["real"], inputs["c_real"], reals=True)
-            loss = self.adversarial.discriminator(real_logits, step.D_forward(fake, inputs["c_fake"]))
+            fake = loop.G_forward(inputs["z"], inputs["c_fake"], grad=False)
+            real_logits = loop.D_forward(inputs["real"], inputs["c_real"], reals=True)
+            loss = self.adversarial.discriminator(real_logits, loop.D_forward(fake, inputs["c_fake"]))
             return PhaseLoss(loss, {"loss/D": loss.detach()})
         if phase.name == "Gmain":
-            fake = step.G_forward(inputs["z"], inputs["c_fake"])
-            loss = self.adversarial.generator(step.D_forward(fake, inputs["c_fake"]))
+            fake = loop.G_forward(inputs["z"], inputs["c_fake"])
+            loss = self.adversarial.generator(loop.D_forward(fake, inputs["c_fake"]))
             return PhaseLoss(loss, {"loss/G": loss.detach()})
-        return super().loss(phase, step, inputs)
+        return super().loss(phase, loop, inputs)
 
 
 def test_a_conditional_gan_is_a_new_objective_plus_labelled_data():

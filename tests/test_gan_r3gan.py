@@ -22,7 +22,7 @@ from pixelsmith.gan.networks.r3gan import (
     ResidualBlock,
 )
 from pixelsmith.gan.objectives import GANBatch, R1Penalty, R3GANObjective
-from pixelsmith.run.build import build_core_settings, build_model, build_plan
+from pixelsmith.run.build import build_core_settings, build_model, resolve_hardware
 from pixelsmith.run.fit import run
 
 
@@ -33,7 +33,7 @@ class _SquareD(nn.Module):
         return images.square().sum(dim=[1, 2, 3])
 
 
-class _Step:
+class _Loop:
     """A loop reduced to what the objective calls: G returns a constant image b, D_forward augments by `aug`."""
 
     def __init__(self, b: float, aug: float = 1.0):
@@ -59,7 +59,7 @@ def test_the_d_step_is_the_relativistic_loss_plus_gamma_over_two_r1_plus_r2():
     # gamma 0.3 (a gamma of 1 or 2 would hide a missing or doubled 1/2): 0.386871 + 0.15 * 5 = 1.136871.
     objective = R3GANObjective(gamma=0.3)
     dmain = objective.phases()[0]
-    out = objective.loss(dmain, _Step(b=0.25), _inputs(0.5))
+    out = objective.loss(dmain, _Loop(b=0.25), _inputs(0.5))
     assert out.logs["loss/r1"].item() == pytest.approx(4.0)
     assert out.logs["loss/r2"].item() == pytest.approx(1.0)
     assert out.logs["loss/D"].item() == pytest.approx(math.log1p(math.exp(-0.75)), rel=1e-6)
@@ -70,7 +70,7 @@ def test_the_g_step_is_softplus_of_minus_fake_minus_real_on_its_own_reals():
     # fakes 0 (D = 0), reals 0.5 (D = 1): softplus(-(0 - 1)) = log(1 + e) = 1.313262.
     objective = R3GANObjective()
     gmain = objective.phases()[1]
-    out = objective.loss(gmain, _Step(b=0.0), _inputs(0.5))
+    out = objective.loss(gmain, _Loop(b=0.0), _inputs(0.5))
     assert out.loss.item() == pytest.approx(1.313262, abs=1e-6)
     # Each phase gets its own half of the loader batch: D's reals first, G's second.
     reals = torch.arange(4.0).view(4, 1, 1, 1)
@@ -89,14 +89,14 @@ def test_r1_and_r2_differentiate_through_the_augmentation_at_the_images_before_i
     """D_forward scales by 3 (the augmentation): the penalties are |d D(3x) / dx|^2 (18 x a pixel), not |D'| at the
     augmented images (6 x); checked against torch.autograd.grad computed here."""
     objective = R3GANObjective(gamma=1.0)
-    step = _Step(b=0.25, aug=3.0)
-    out = objective.loss(objective.phases()[0], step, _inputs(0.5))
+    loop = _Loop(b=0.25, aug=3.0)
+    out = objective.loss(objective.phases()[0], loop, _inputs(0.5))
     for image, key in (
         (torch.full((2, 1, 2, 2), 0.5), "loss/r1"),
         (torch.full((2, 1, 2, 2), 0.25), "loss/r2"),
     ):
         image.requires_grad_(True)
-        (reference,) = torch.autograd.grad(step.D_forward(image).sum(), image)
+        (reference,) = torch.autograd.grad(loop.D_forward(image).sum(), image)
         expected = reference.square().sum(dim=[1, 2, 3]).mean()
         assert out.logs[key].item() == pytest.approx(expected.item(), rel=1e-6)
     assert out.logs["loss/r1"].item() == pytest.approx(4 * (18 * 0.5) ** 2)  # 324, not 4 * (6 * 0.5)^2
@@ -107,7 +107,7 @@ def test_gamma_is_a_buffer_the_loss_reads_that_a_schedule_writes():
     objective = R3GANObjective(gamma=0.3)
     assert objective.scheduled_scalars() == {"gamma": objective.gamma}
     objective.gamma.fill_(0.1)  # the loss at 0.1: 0.386871 + 0.05 * 5 = 0.636871
-    out = objective.loss(objective.phases()[0], _Step(b=0.25), _inputs(0.5))
+    out = objective.loss(objective.phases()[0], _Loop(b=0.25), _inputs(0.5))
     assert out.loss.item() == pytest.approx(0.386871 + 0.05 * 5.0, abs=1e-6)
     assert "gamma" not in objective.state_dict()  # the config or the schedule gives it at every start
 
@@ -128,7 +128,7 @@ def test_regularisers_or_a_loss_beside_r3gans_are_named_at_start_up_not_run(capl
 
 def test_g_step_leaves_d_unchanged_and_d_step_leaves_g(make_cfg):
     cfg = make_cfg(model="r3gan")
-    module = build_model(cfg, build_core_settings(cfg, build_plan(cfg)))
+    module = build_model(cfg, build_core_settings(cfg, resolve_hardware(cfg)))
     optimizers, _ = module.configure_optimizers()
     module._test_optimizers = optimizers
     module.optimizers = lambda use_pl_optimizer=True: optimizers  # noqa: ARG005

@@ -16,7 +16,7 @@ from pixelsmith.errors import PixelsmithError
 from pixelsmith.gan.objectives import GANBatch, GANObjective, PhaseLoss, WGANGPObjective
 from pixelsmith.run.fit import run
 from tests.conftest import CONF_DIR, compose_config, last_checkpoint
-from tests.test_gan_r3gan import _Step  # G a constant image b, D(x) = sum of x^2 after scaling by `aug`
+from tests.test_gan_r3gan import _Loop  # G a constant image b, D(x) = sum of x^2 after scaling by `aug`
 
 
 def _inputs(real: float, mix: float, n: int = 2):
@@ -33,22 +33,22 @@ def test_the_critic_loss_and_penalty_by_hand():
     # = 0.09; weight 7 (not 1 or 10, where a missing or extra factor could hide): -0.75 + 0.63 = -0.12.
     objective = WGANGPObjective(gp_weight=7.0)
     dmain = objective.phases()[0]
-    out = objective.loss(dmain, _Step(b=0.25), _inputs(0.5, 0.3))
+    out = objective.loss(dmain, _Loop(b=0.25), _inputs(0.5, 0.3))
     assert out.logs["loss/gp"].item() == pytest.approx(0.09, abs=1e-6)
     assert out.logs["wgan/distance"].item() == pytest.approx(0.75)
     assert out.loss.item() == pytest.approx(-0.12, abs=1e-6)
     # G: -mean D(G(z)) = -0.25 at fakes 0.25.
     assert objective.loss(
-        objective.phases()[1], _Step(b=0.25), _inputs(0.5, 0.3)
+        objective.phases()[1], _Loop(b=0.25), _inputs(0.5, 0.3)
     ).loss.item() == pytest.approx(-0.25)
 
 
 def test_the_penalty_differentiates_through_the_augmentation_at_the_interpolates():
     objective = WGANGPObjective(gp_weight=1.0)
-    step = _Step(b=0.25, aug=3.0)
-    out = objective.loss(objective.phases()[0], step, _inputs(0.5, 0.3))
+    loop = _Loop(b=0.25, aug=3.0)
+    out = objective.loss(objective.phases()[0], loop, _inputs(0.5, 0.3))
     between = torch.full((2, 1, 2, 2), 0.325, requires_grad=True)
-    (reference,) = torch.autograd.grad(step.D_forward(between).sum(), between)
+    (reference,) = torch.autograd.grad(loop.D_forward(between).sum(), between)
     expected = (reference.flatten(1).norm(dim=1) - 1).square().mean()
     assert out.logs["loss/gp"].item() == pytest.approx(expected.item(), rel=1e-6)
     assert out.logs["loss/gp"].item() == pytest.approx(
@@ -138,11 +138,11 @@ class HalvedHinge(GANObjective):
         super().__init__(**kwargs)
         self.margin = margin
 
-    def loss(self, phase, step, inputs):
+    def loss(self, phase, loop, inputs):
         if phase.name != "Dmain":
-            return super().loss(phase, step, inputs)
-        real = step.D_forward(inputs["real"], reals=True).float()
-        fake = step.D_forward(step.G_forward(inputs["z"], grad=False)).float()
+            return super().loss(phase, loop, inputs)
+        real = loop.D_forward(inputs["real"], reals=True).float()
+        fake = loop.D_forward(loop.G_forward(inputs["z"], grad=False)).float()
         loss = torch.relu(self.margin - real).mean() + torch.relu(self.margin + fake).mean()
         return PhaseLoss(loss, {"loss/D": loss.detach(), "margin": torch.tensor(self.margin)})
 

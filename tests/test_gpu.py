@@ -171,16 +171,16 @@ def _train(overrides: list[str], out) -> dict[str, float]:
         r1.interval = 2
     with compile_counts() as compiled:
         metrics = run(cfg)
-    plan = json.loads(json.dumps(_resolved(out)["runtime_plan"]))
+    hardware = json.loads(json.dumps(_resolved(out)["runtime_plan"]))
     assert metrics["iteration"] == 3
     if not ON_CPU:
-        assert plan["accelerator"] == "cuda"
-    assert plan["compile"] and plan["channels_last"], "the GPU profiles compile and use channels_last"
-    assert plan["compile_mode"] == (cfg.hardware.compile_mode or "default")
+        assert hardware["accelerator"] == "cuda"
+    assert hardware["compile"] and hardware["channels_last"], "the GPU profiles compile and use channels_last"
+    assert hardware["compile_mode"] == (cfg.hardware.compile_mode or "default")
     assert compiled.graphs > 0, "this run compiled nothing"
-    if plan["compile_mode"] in CUDA_GRAPH_MODES and not ON_CPU:
+    if hardware["compile_mode"] in CUDA_GRAPH_MODES and not ON_CPU:
         assert compiled.cudagraph_skips == 0, (
-            f"compile_mode={plan['compile_mode']}: {compiled.cudagraph_skips} compiled graph(s) ran without CUDA "
+            f"compile_mode={hardware['compile_mode']}: {compiled.cudagraph_skips} compiled graph(s) ran without CUDA "
             "graphs; TORCH_LOGS=cudagraphs prints inductor's reasons"
         )
     finite = {k: v for k, v in metrics.items() if k.startswith("loss/")}

@@ -21,7 +21,7 @@ from benchmarks.plain_loop import (  # noqa: E402
     plain_loader,
 )
 from pixelsmith.errors import PixelsmithError  # noqa: E402
-from pixelsmith.run.build import build_plan  # noqa: E402
+from pixelsmith.run.build import resolve_hardware  # noqa: E402
 from tests.conftest import FAST, SMALL, compose_config  # noqa: E402
 
 pytestmark = pytest.mark.bench
@@ -35,9 +35,9 @@ R1 = [
 
 def _plain_gan(tmp_path, *overrides: str, capturable: bool = False):
     cfg = compose_config([*FAST, *SMALL["dcgan"], *R1, *overrides], tmp_path / "run")
-    plan = build_plan(cfg)
+    hardware = resolve_hardware(cfg)
     torch.manual_seed(0)
-    return build_plain_gan(cfg, plan, "fused", capturable=capturable), plain_loader(cfg, plan)
+    return build_plain_gan(cfg, hardware, "fused", capturable=capturable), plain_loader(cfg, hardware)
 
 
 def test_graphed_step_without_capture_trains_exactly_as_the_plain_loop(tmp_path):

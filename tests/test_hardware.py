@@ -1,6 +1,6 @@
 """Hardware resolved once, inside Hydra: `hardware=auto` composes the detected profile's file (so `--cfg job` shows
 what runs), a profile of your own on `hydra.searchpath` composes and runs, `conf/local/` wins over the groups and the
-command line over it, and one run builds its RuntimePlan once and applies it once."""
+command line over it, and one run builds its HardwareSettings once and applies it once."""
 
 from __future__ import annotations
 
@@ -11,12 +11,12 @@ import torch
 import yaml
 from omegaconf import OmegaConf, open_dict
 
-import pixelsmith.hardware.plan
+import pixelsmith.hardware.settings
 import pixelsmith.run.build
 import pixelsmith.run.fit
 from pixelsmith.config.paths import CONF_DIR
-from pixelsmith.hardware.plan import HardwareError, check_detected_here, register_detected_profile
-from pixelsmith.run.build import build_plan
+from pixelsmith.hardware.settings import HardwareError, check_detected_here, register_detected_profile
+from pixelsmith.run.build import resolve_hardware
 from pixelsmith.run.fit import run
 from tests.conftest import FAST, SMALL, compose_config, run_cli
 
@@ -70,7 +70,7 @@ def test_the_default_composes_the_detected_profile_file(tmp_path):
     for key, value in profile.items():
         if key != "defaults":
             assert cfg.hardware[key] == value, key
-    assert build_plan(cfg).profile == detected
+    assert resolve_hardware(cfg).profile == detected
 
 
 def test_a_profile_of_your_own_on_the_searchpath_composes_and_runs(tmp_path):
@@ -86,14 +86,14 @@ def test_a_profile_of_your_own_on_the_searchpath_composes_and_runs(tmp_path):
         ],
         tmp_path / "run",
     )
-    plan = build_plan(cfg)
-    assert (plan.profile, plan.precision, plan.batch_size, plan.optimizer_impl) == (
+    hardware = resolve_hardware(cfg)
+    assert (hardware.profile, hardware.precision, hardware.batch_size, hardware.optimizer_impl) == (
         "mybox",
         "32-true",
         8,
         "foreach",
     )
-    assert plan.channels_last is False
+    assert hardware.channels_last is False
     metrics = run(cfg)
     assert metrics["iteration"] == 2
     resolved = OmegaConf.load(tmp_path / "run" / "config_resolved.yaml")
@@ -123,8 +123,8 @@ def test_the_local_config_wins_over_the_groups_and_the_command_line_over_it(tmp_
     assert compose_config(["local=example"], tmp_path).max_steps == 2500
 
 
-def test_one_run_builds_the_plan_once_and_applies_it_once(make_cfg, monkeypatch):
-    counts = {"resolve_plan": 0, "apply_plan": 0, "set_float32_matmul_precision": 0}
+def test_one_run_resolves_the_hardware_settings_once_and_applies_them_once(make_cfg, monkeypatch):
+    counts = {"resolve_hardware_settings": 0, "apply_hardware": 0, "set_float32_matmul_precision": 0}
 
     def counting(name, fn):
         def wrapper(*args, **kwargs):
@@ -133,12 +133,12 @@ def test_one_run_builds_the_plan_once_and_applies_it_once(make_cfg, monkeypatch)
 
         return wrapper
 
-    resolve = counting("resolve_plan", pixelsmith.hardware.plan.resolve_plan)
-    monkeypatch.setattr(pixelsmith.hardware.plan, "resolve_plan", resolve)
-    monkeypatch.setattr(pixelsmith.run.build, "resolve_plan", resolve)
-    apply = counting("apply_plan", pixelsmith.hardware.plan.apply_plan)
-    monkeypatch.setattr(pixelsmith.hardware.plan, "apply_plan", apply)
-    monkeypatch.setattr(pixelsmith.run.fit, "apply_plan", apply)
+    resolve = counting("resolve_hardware_settings", pixelsmith.hardware.settings.resolve_hardware_settings)
+    monkeypatch.setattr(pixelsmith.hardware.settings, "resolve_hardware_settings", resolve)
+    monkeypatch.setattr(pixelsmith.run.build, "resolve_hardware_settings", resolve)
+    apply = counting("apply_hardware", pixelsmith.hardware.settings.apply_hardware)
+    monkeypatch.setattr(pixelsmith.hardware.settings, "apply_hardware", apply)
+    monkeypatch.setattr(pixelsmith.run.fit, "apply_hardware", apply)
     matmul = torch.get_float32_matmul_precision()
     monkeypatch.setattr(
         torch,
@@ -150,7 +150,7 @@ def test_one_run_builds_the_plan_once_and_applies_it_once(make_cfg, monkeypatch)
     finally:
         monkeypatch.undo()
         torch.set_float32_matmul_precision(matmul)
-    assert counts == {"resolve_plan": 1, "apply_plan": 1, "set_float32_matmul_precision": 1}
+    assert counts == {"resolve_hardware_settings": 1, "apply_hardware": 1, "set_float32_matmul_precision": 1}
 
 
 def test_a_multirun_job_composed_on_another_machine_is_stopped(monkeypatch):
@@ -173,8 +173,10 @@ def test_a_multirun_job_composed_on_another_machine_is_stopped(monkeypatch):
 
     try:
         cfg = job_config("auto")  # composed here: cpu
-        monkeypatch.setattr(pixelsmith.hardware.plan, "_detected_here", None)  # ... as if by another process
-        monkeypatch.setattr(pixelsmith.hardware.plan, "detect_profile", lambda: "h100")  # on a GPU node
+        monkeypatch.setattr(
+            pixelsmith.hardware.settings, "_detected_here", None
+        )  # ... as if by another process
+        monkeypatch.setattr(pixelsmith.hardware.settings, "detect_profile", lambda: "h100")  # on a GPU node
         with pytest.raises(HardwareError, match="hardware=h100"):
             check_detected_here(cfg.hardware.name)
         check_detected_here("h100")  # composed on a machine like this one: nothing to say

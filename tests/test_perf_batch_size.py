@@ -11,7 +11,7 @@ from pixelsmith.errors import PixelsmithError
 from pixelsmith.perf import batch_size as auto
 from pixelsmith.perf import memory
 from pixelsmith.perf.batch_size import Trial, choose_batch_size, search_batch_size
-from pixelsmith.run.build import build_plan
+from pixelsmith.run.build import resolve_hardware
 
 
 def _linear_memory(base: float, per_image: float, budget: float):
@@ -59,7 +59,9 @@ def test_auto_batch_on_a_ram_budget_with_real_iterations(make_cfg, tmp_path, mon
     # Narrow networks at 64 px: activation memory is large per FLOP, so trials reach the budget quickly.
     small = ["data.resolution=64", "model.generator.ngf=4", "model.discriminator.ndf=4"]
     warm = make_cfg(*small, output="warm")
-    auto.make_training_trial(warm, build_plan(warm))(2)  # this process's one-time growth, before the budget
+    auto.make_training_trial(warm, resolve_hardware(warm))(
+        2
+    )  # this process's one-time growth, before the budget
     memory.release_free_memory()
     budget_mb = (memory.rss_mb() or 0.0) + 50.0  # a budget 50 MB above what this process holds now
     cfg = make_cfg(
@@ -71,8 +73,8 @@ def test_auto_batch_on_a_ram_budget_with_real_iterations(make_cfg, tmp_path, mon
         "auto_batch.scale_lr=true",
         "data.batch_size=16",  # the reference batch the lrs were tuned for
     )
-    plan = build_plan(cfg)
-    chosen = choose_batch_size(cfg, plan, None)
+    hardware = resolve_hardware(cfg)
+    chosen = choose_batch_size(cfg, hardware, None)
     report = json.loads((tmp_path / "run" / "perf" / "auto_batch.json").read_text())
     trials = report["trials"]
     measured = [t for t in trials if t["measured"]]
@@ -105,7 +107,7 @@ def test_auto_batch_on_a_ram_budget_with_real_iterations(make_cfg, tmp_path, mon
         "data.batch_size=16",
         output="rank1",
     )
-    assert choose_batch_size(again, build_plan(again), None) == chosen
+    assert choose_batch_size(again, resolve_hardware(again), None) == chosen
 
 
 def test_predicted_overshoot_is_not_run_on_cpu():

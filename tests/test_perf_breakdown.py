@@ -1,4 +1,4 @@
-"""Step-time breakdown: nested phases get exclusive time, the phases of a real GAN run add up to the step time
+"""Step-time breakdown: nested regions get exclusive time, the regions of a real GAN run add up to the step time
 (checked against an independent clock), scalars reach the loggers every N iterations, and the table, CSV, JSON and
 bar chart land in the run dir."""
 
@@ -12,12 +12,12 @@ import pytest
 from PIL import Image
 
 from benchmarks.harness import CLOCK_TARGET, IterationClock
-from pixelsmith.perf.breakdown import PHASE_TOLERANCE
+from pixelsmith.perf.breakdown import REGION_TOLERANCE
 from pixelsmith.perf.timer import DATA_WAIT, OTHER_IN_STEP, OTHER_LOOP, StepTimer, measure_overhead
 from pixelsmith.run.fit import run
 from tests.conftest import FAST, SMALL, compose_config, metrics_rows
 
-GAN_PHASES = ["data_wait", "h2d", "augment", "G_fwd", "D_fwd", "D_bwd", "D_reg", "G_bwd", "opt_step", "ema"]
+GAN_REGIONS = ["data_wait", "h2d", "augment", "G_fwd", "D_fwd", "D_bwd", "D_reg", "G_bwd", "opt_step", "ema"]
 
 
 def _busy(seconds: float) -> None:
@@ -26,7 +26,7 @@ def _busy(seconds: float) -> None:
         pass
 
 
-def test_nested_phases_get_exclusive_time_and_partition_the_iteration():
+def test_nested_regions_get_exclusive_time_and_partition_the_iteration():
     timer = StepTimer("cpu")
     timer.begin_iteration()
     _busy(0.002)
@@ -52,15 +52,15 @@ def test_nested_phases_get_exclusive_time_and_partition_the_iteration():
 
 
 def test_timer_overhead_is_measured_and_small():
-    per_phase = measure_overhead("cpu", repeats=500)
+    per_region = measure_overhead("cpu", repeats=500)
     assert (
-        0 < per_phase < 50e-6
-    )  # a phase costs microseconds, not tens of microseconds, even on a loaded machine
+        0 < per_region < 50e-6
+    )  # a region costs microseconds, not tens of microseconds, even on a loaded machine
 
 
 @pytest.fixture(scope="module")
 def breakdown_run(tmp_path_factory):
-    """One short DCGAN run with DiffAugment and lazy R1 (so every GAN phase occurs), shared by the tests below."""
+    """One short DCGAN run with DiffAugment and lazy R1 (so every GAN region occurs), shared by the tests below."""
     out = tmp_path_factory.mktemp("breakdown") / "run"
     cfg = compose_config(
         [
@@ -87,12 +87,12 @@ def breakdown_run(tmp_path_factory):
 def test_breakdown_of_a_real_run_sums_to_the_step_time(breakdown_run):
     summary = json.loads((breakdown_run / "perf" / "breakdown.json").read_text())
     rows = {r["phase"]: r for r in summary["rows"]}
-    for phase in GAN_PHASES + [OTHER_IN_STEP, OTHER_LOOP]:
-        assert rows[phase]["mean_ms"] > 0, phase
+    for region in GAN_REGIONS + [OTHER_IN_STEP, OTHER_LOOP]:
+        assert rows[region]["mean_ms"] > 0, region
     assert summary["iterations"] == 8  # 10 minus 2 warm-up
     # Stated tolerance: the rows add up to the step within 1% (exactly, on CPU, as the marks partition the time).
     assert sum(r["mean_ms"] for r in summary["rows"]) == pytest.approx(
-        summary["step_mean_ms"], rel=PHASE_TOLERANCE
+        summary["step_mean_ms"], rel=REGION_TOLERANCE
     )
     # Independent clock: perf_counter at each on_train_batch_end. Over the same 8 iterations the sums differ only by
     # the two boundary gaps (callbacks after training_step), a few ms.
@@ -126,8 +126,8 @@ def test_breakdown_outputs_and_scalars(breakdown_run):
     assert all(0 < s < 1 for s in shares)
 
 
-def test_rows_put_the_models_declared_phases_between_the_loops_own():
-    """The model's `breakdown_phases` order its rows (general code names no model's phases); a phase it recorded
+def test_rows_put_the_models_declared_regions_between_the_loops_own():
+    """The model's `breakdown_regions` order its rows (general code names no model's regions); a region it recorded
     without declaring follows them, in the order it appeared."""
     from pixelsmith.perf.breakdown import ordered_labels
 

@@ -15,7 +15,7 @@ from benchmarks.gan_flops import GANIterationFlops, count_gan_iteration_flops  #
 from benchmarks.plain_loop import build_plain_gan, endless, plain_loader  # noqa: E402
 from pixelsmith.perf.flops import count_flops  # noqa: E402
 from pixelsmith.perf.throughput import ThroughputMonitor  # noqa: E402
-from pixelsmith.run.build import build_plan  # noqa: E402
+from pixelsmith.run.build import resolve_hardware  # noqa: E402
 from tests.breakdown_checks import BATCH, assert_breakdown_run_reports_flops_and_mfu  # noqa: E402
 from tests.conftest import FAST, SMALL, compose_config  # noqa: E402
 
@@ -75,9 +75,9 @@ def _dcgan_iteration_flops(batch):
 
 def _plain(tmp_path, model, *overrides):
     cfg = compose_config([*MODELS[model], "precision=32-true", *overrides], tmp_path / "plain")
-    plan = build_plan(cfg)
-    gan = build_plain_gan(cfg, plan, "foreach")
-    return gan, next(endless(plain_loader(cfg, plan)))
+    hardware = resolve_hardware(cfg)
+    gan = build_plain_gan(cfg, hardware, "foreach")
+    return gan, next(endless(plain_loader(cfg, hardware)))
 
 
 @pytest.mark.bench

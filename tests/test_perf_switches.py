@@ -1,8 +1,8 @@
 """Each performance switch changes what it claims: weight memory format, compiled networks, matmul precision and the
 CUDA backend flags, the Adam implementation (and fused Adam under a real fp16 GradScaler with clipping), the CUDA
 memory fraction and allocator settings, the data-loader settings, and gradient checkpointing's saved activations.
-The switches are fields of the one RuntimePlan (`pixelsmith.hardware.plan.resolve_plan`), set by `apply_plan` once per
-run."""
+The switches are fields of the one HardwareSettings (`pixelsmith.hardware.settings.resolve_hardware_settings`), set by
+`apply_hardware` once per run."""
 
 from __future__ import annotations
 
@@ -21,14 +21,14 @@ pytest.importorskip("pixelsmith.gan", reason="the GAN part is removed from this 
 from pixelsmith.core.optim import adam_implementation  # noqa: E402
 from pixelsmith.errors import PixelsmithError  # noqa: E402
 from pixelsmith.gan.networks.stylegan2 import StyleGAN2Discriminator  # noqa: E402
-from pixelsmith.hardware.plan import apply_plan  # noqa: E402
-from pixelsmith.run.build import build_core_settings, build_datamodule, build_model, build_plan  # noqa: E402
+from pixelsmith.hardware.settings import apply_hardware  # noqa: E402
+from pixelsmith.run.build import build_core_settings, build_datamodule, build_model, resolve_hardware  # noqa: E402
 from pixelsmith.run.fit import run  # noqa: E402
 
 
 def _model(cfg):
-    plan = build_plan(cfg)
-    return build_model(cfg, build_core_settings(cfg, plan)), plan
+    hardware = resolve_hardware(cfg)
+    return build_model(cfg, build_core_settings(cfg, hardware)), hardware
 
 
 def _conv_weights(module: nn.Module) -> list[torch.Tensor]:
@@ -49,8 +49,8 @@ def test_channels_last_switch_sets_the_memory_format_of_every_network(make_cfg, 
 
 
 def test_compile_switch_compiles_the_networks_not_the_module(make_cfg):
-    model, plan = _model(make_cfg("hardware.compile=true", "hardware.compile_mode=reduce-overhead"))
-    assert plan.compile and plan.compile_mode == "reduce-overhead"
+    model, hardware = _model(make_cfg("hardware.compile=true", "hardware.compile_mode=reduce-overhead"))
+    assert hardware.compile and hardware.compile_mode == "reduce-overhead"
     nets = model.networks()
     assert all(net._compiled_call_impl is None for net in nets.values())
     model.configure_model()
@@ -67,9 +67,9 @@ def test_compile_switch_compiles_the_networks_not_the_module(make_cfg):
 def test_matmul_precision_switch_sets_torch_global(make_cfg):
     before = torch.get_float32_matmul_precision()
     try:
-        apply_plan(build_plan(make_cfg("hardware.matmul_precision=medium")))
+        apply_hardware(resolve_hardware(make_cfg("hardware.matmul_precision=medium")))
         assert torch.get_float32_matmul_precision() == "medium"
-        apply_plan(build_plan(make_cfg()))  # the cpu profile: highest
+        apply_hardware(resolve_hardware(make_cfg()))  # the cpu profile: highest
         assert torch.get_float32_matmul_precision() == "highest"
     finally:
         torch.set_float32_matmul_precision(before)
@@ -77,8 +77,8 @@ def test_matmul_precision_switch_sets_torch_global(make_cfg):
 
 def test_cuda_backend_switches_set_cudnn_and_tf32_flags(make_cfg, monkeypatch):
     """The CUDA branch runs without a GPU: these are process-wide flags."""
-    plan = dataclasses.replace(
-        build_plan(make_cfg()),
+    hardware = dataclasses.replace(
+        resolve_hardware(make_cfg()),
         accelerator="cuda",
         cudnn_benchmark=True,
         allow_tf32=True,
@@ -94,7 +94,7 @@ def test_cuda_backend_switches_set_cudnn_and_tf32_flags(make_cfg, monkeypatch):
     monkeypatch.delenv("PYTORCH_CUDA_ALLOC_CONF", raising=False)
     try:
         torch.backends.cudnn.benchmark = False
-        apply_plan(plan)
+        apply_hardware(hardware)
         assert torch.backends.cudnn.benchmark is True
         assert torch.backends.cuda.matmul.allow_tf32 is True and torch.backends.cudnn.allow_tf32 is True
         assert os.environ["PYTORCH_CUDA_ALLOC_CONF"] == "expandable_segments:True"
@@ -111,7 +111,7 @@ def test_cuda_backend_switches_set_cudnn_and_tf32_flags(make_cfg, monkeypatch):
 )
 def test_optimizer_impl_switch_builds_that_adam(make_cfg, impl, fused, foreach):
     cfg = make_cfg(f"hardware.optimizer_impl={impl}")
-    model, _ = _model(cfg)  # the plan carries hardware.optimizer_impl into the core settings
+    model, _ = _model(cfg)  # the hardware settings carry hardware.optimizer_impl into the core settings
     optimizers, _ = model.configure_optimizers()
     for opt in optimizers:
         assert isinstance(opt, torch.optim.Adam)
@@ -119,11 +119,12 @@ def test_optimizer_impl_switch_builds_that_adam(make_cfg, impl, fused, foreach):
 
 
 def test_cpu_profile_defaults_to_fused_adam_and_the_user_key_wins(make_cfg):
-    assert build_plan(make_cfg()).optimizer_impl == "fused"
-    assert build_plan(make_cfg("hardware.optimizer_impl=foreach")).optimizer_impl == "foreach"
-    # an unknown value is refused by the schema at composition (pixelsmith/config/choices.py), before the plan resolves
+    assert resolve_hardware(make_cfg()).optimizer_impl == "fused"
+    assert resolve_hardware(make_cfg("hardware.optimizer_impl=foreach")).optimizer_impl == "foreach"
+    # an unknown value is refused by the schema at composition (pixelsmith/config/choices.py), before the hardware
+    # settings resolve
     with pytest.raises((PixelsmithError, ConfigCompositionException), match="optimizer_impl"):
-        build_plan(make_cfg("hardware.optimizer_impl=turbo"))
+        resolve_hardware(make_cfg("hardware.optimizer_impl=turbo"))
     with pytest.raises(PixelsmithError, match="fused"):
         adam_implementation("fused", [torch.zeros(3, dtype=torch.int64)])
 
@@ -162,8 +163,8 @@ def test_memory_fraction_and_allocator_settings_reach_cuda(make_cfg, monkeypatch
         "hardware.memory_fraction=0.5",
         "hardware.cuda_alloc_conf='expandable_segments:True,max_split_size_mb:256'",
     )
-    cpu_plan = build_plan(cfg)
-    assert (cpu_plan.optimizer_impl, cpu_plan.memory_fraction, cpu_plan.cuda_alloc_conf) == (
+    cpu_hardware = resolve_hardware(cfg)
+    assert (cpu_hardware.optimizer_impl, cpu_hardware.memory_fraction, cpu_hardware.cuda_alloc_conf) == (
         "fused",
         0.5,
         "expandable_segments:True,max_split_size_mb:256",
@@ -175,9 +176,9 @@ def test_memory_fraction_and_allocator_settings_reach_cuda(make_cfg, monkeypatch
         torch.backends.cudnn.benchmark,
     )
     try:
-        apply_plan(cpu_plan)  # CPU: nothing to apply
+        apply_hardware(cpu_hardware)  # CPU: nothing to apply
         assert calls == [] and "PYTORCH_CUDA_ALLOC_CONF" not in os.environ
-        apply_plan(dataclasses.replace(cpu_plan, accelerator="cuda"))
+        apply_hardware(dataclasses.replace(cpu_hardware, accelerator="cuda"))
     finally:
         torch.set_float32_matmul_precision(saved[0])
         torch.backends.cuda.matmul.allow_tf32 = saved[1]
@@ -186,19 +187,19 @@ def test_memory_fraction_and_allocator_settings_reach_cuda(make_cfg, monkeypatch
     assert calls == [(0.5, 1)]  # this process's device (LOCAL_RANK)
     assert os.environ["PYTORCH_CUDA_ALLOC_CONF"] == "expandable_segments:True,max_split_size_mb:256"
     with pytest.raises(PixelsmithError, match="memory_fraction"):
-        build_plan(make_cfg("hardware.memory_fraction=1.5"))
+        resolve_hardware(make_cfg("hardware.memory_fraction=1.5"))
 
 
 def test_loader_switches_reach_the_dataloader(make_cfg):
     cfg = make_cfg(
         "data.num_workers=2", "data.prefetch_factor=4", "data.persistent_workers=true", "data.on_device=false"
     )
-    loader = build_datamodule(cfg, build_plan(cfg))
+    loader = build_datamodule(cfg, resolve_hardware(cfg))
     loader.setup("fit")
     dl = loader.train_dataloader()
     assert (dl.num_workers, dl.prefetch_factor, dl.persistent_workers) == (2, 4, True)
     cfg = make_cfg("data.num_workers=0", "data.prefetch_factor=4", "data.on_device=false")
-    dm = build_datamodule(cfg, build_plan(cfg))
+    dm = build_datamodule(cfg, resolve_hardware(cfg))
     dm.setup("fit")
     dl = dm.train_dataloader()
     assert (dl.num_workers, dl.prefetch_factor, dl.persistent_workers) == (0, None, False)
@@ -232,14 +233,14 @@ def test_gradient_checkpointing_saves_fewer_activations_and_the_same_gradients()
 def test_num_threads_switch_sets_torch_threads_and_rejects_zero(make_cfg):
     before = torch.get_num_threads()
     try:
-        apply_plan(build_plan(make_cfg("hardware.num_threads=1")))
+        apply_hardware(resolve_hardware(make_cfg("hardware.num_threads=1")))
         assert torch.get_num_threads() == 1
-        apply_plan(build_plan(make_cfg()))  # null: leaves the current setting alone
+        apply_hardware(resolve_hardware(make_cfg()))  # null: leaves the current setting alone
         assert torch.get_num_threads() == 1
     finally:
         torch.set_num_threads(before)
     with pytest.raises(PixelsmithError, match="hardware.num_threads=0 must be at least 1"):
-        build_plan(make_cfg("hardware.num_threads=0"))
+        resolve_hardware(make_cfg("hardware.num_threads=0"))
 
 
 def test_num_threads_of_one_run_does_not_leak_into_the_next(make_cfg):

@@ -18,7 +18,7 @@ from benchmarks.plain_loop import build_plain_gan, endless, plain_loader  # noqa
 from pixelsmith.gan.networks.dcgan import DCGANDiscriminator  # noqa: E402
 from pixelsmith.perf import flops as flops_mod  # noqa: E402
 from pixelsmith.perf.flops import count_flops, cpu_peak_flops, gpu_peak_flops, peak_precision_key  # noqa: E402
-from pixelsmith.run.build import build_plan  # noqa: E402
+from pixelsmith.run.build import resolve_hardware  # noqa: E402
 from pixelsmith.run.fit import run  # noqa: E402
 from tests.conftest import cpu_flags, torch_threads  # noqa: E402
 
@@ -144,9 +144,9 @@ def test_throughput_json_counts_a_real_iteration_like_the_plain_loop(make_cfg, t
     run(cfg)
     summary = json.loads((tmp_path / "run" / "perf" / "throughput.json").read_text())
     # The same networks, losses and batch in a plain loop: the FLOPs of one (non-R1) iteration must agree exactly.
-    plan = build_plan(cfg)
-    gan = build_plain_gan(cfg, plan, "foreach")
-    images = next(endless(plain_loader(cfg, plan)))
+    hardware = resolve_hardware(cfg)
+    gan = build_plain_gan(cfg, hardware, "foreach")
+    images = next(endless(plain_loader(cfg, hardware)))
     assert summary["flops_per_iteration"] == count_flops(lambda: gan.step(images))
     assert summary["flops_counted_at_iteration"] == 1 and summary["measured_iterations"] == 3
     achieved = summary["flops_per_iteration"] / (summary["step_ms"]["mean"] / 1000)

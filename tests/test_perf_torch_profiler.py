@@ -1,4 +1,4 @@
-"""profiler=torch: a window of iterations becomes a Chrome trace with the module's phases as named ranges, plus a
+"""profiler=torch: a window of iterations becomes a Chrome trace with the module's regions as named ranges, plus a
 kernel summary table and CSV in the run dir; the profiler is stopped after the window."""
 
 from __future__ import annotations
@@ -24,8 +24,8 @@ def test_torch_profiler_window_writes_trace_and_kernel_table(make_cfg, tmp_path)
     out = tmp_path / "run" / "perf"
     trace = json.loads((out / "trace.json").read_text())
     names = {event.get("name") for event in trace["traceEvents"]}
-    for phase in ("h2d", "G_fwd", "D_fwd", "D_bwd", "G_bwd", "opt_step", "ema"):
-        assert phase in names, phase
+    for region in ("h2d", "G_fwd", "D_fwd", "D_bwd", "G_bwd", "opt_step", "ema"):
+        assert region in names, region
     assert any(str(n).startswith("aten::convolution") for n in names)
     # Exactly the 2 active iterations were recorded: one G_bwd range each.
     assert sum(1 for e in trace["traceEvents"] if e.get("name") == "G_bwd" and e.get("ph") == "X") == 2

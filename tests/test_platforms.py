@@ -18,8 +18,8 @@ from pixelsmith.core import ema as ema_module
 from pixelsmith.core import preemption
 from pixelsmith.core.ema import EMA
 from pixelsmith.errors import PixelsmithError
-from pixelsmith.hardware.plan import HardwareError
-from pixelsmith.run.build import build_plan
+from pixelsmith.hardware.settings import HardwareError
+from pixelsmith.run.build import resolve_hardware
 from tests.conftest import CHECKOUT, FAST, SMALL, compose_config, run_cli
 
 # Made unimportable in the child below: modules Windows does not have.
@@ -103,16 +103,20 @@ def test_hardware_auto_takes_the_mps_profile_on_an_apple_gpu(tmp_path):
     with _no_cuda(), _apple_gpu():
         cfg = compose_config(["hardware=auto"], tmp_path)  # detected as the config is composed
         assert cfg.hardware.name == "mps" and cfg.hardware.accelerator == "mps"
-        plan = build_plan(cfg)
-    assert (plan.profile, plan.accelerator, plan.devices, plan.device_name) == (
+        hardware = resolve_hardware(cfg)
+    assert (hardware.profile, hardware.accelerator, hardware.devices, hardware.device_name) == (
         "mps",
         "mps",
         1,
         "Apple GPU (MPS)",
     )
-    assert plan.precision == "32-true" and plan.process_group_backend == "gloo"
+    assert hardware.precision == "32-true" and hardware.process_group_backend == "gloo"
     assert not (
-        plan.compile or plan.cuda_graphs or plan.pin_memory or plan.cudnn_benchmark or plan.allow_tf32
+        hardware.compile
+        or hardware.cuda_graphs
+        or hardware.pin_memory
+        or hardware.cudnn_benchmark
+        or hardware.allow_tf32
     )
     with _no_cuda(), _apple_gpu(available=False):
         assert compose_config(["hardware=auto"], tmp_path).hardware.name == "cpu"
@@ -134,23 +138,23 @@ def test_the_mps_profile_honours_what_mps_can_and_names_what_it_cannot(
     with _no_cuda(), _apple_gpu(macos14=macos14):
         cfg = compose_config(["hardware=mps", *overrides], tmp_path)
         if refused is None:
-            assert build_plan(cfg).precision == precision
+            assert resolve_hardware(cfg).precision == precision
         else:
             with pytest.raises(HardwareError, match=refused):
-                build_plan(cfg)
+                resolve_hardware(cfg)
 
 
 def test_the_mps_profile_without_an_apple_gpu_names_the_fix(tmp_path):
     with _no_cuda(), _apple_gpu(available=False):
         cfg = compose_config(["hardware=mps"], tmp_path)
         with pytest.raises(HardwareError, match="needs an Apple GPU.*hardware=cpu"):
-            build_plan(cfg)
+            resolve_hardware(cfg)
 
 
 def test_cuda_graphs_are_off_on_an_apple_gpu(tmp_path):
     with _no_cuda(), _apple_gpu():
-        plan = build_plan(compose_config(["hardware=mps", "hardware.cuda_graphs=true"], tmp_path))
-    assert plan.cuda_graphs is False
+        hardware = resolve_hardware(compose_config(["hardware=mps", "hardware.cuda_graphs=true"], tmp_path))
+    assert hardware.cuda_graphs is False
 
 
 def test_the_ema_half_life_goes_float32_only_to_a_device_without_float64(monkeypatch):

@@ -24,7 +24,7 @@ import torch
 from pixelsmith.core.compile import BLOCK_RECOMPILE_LIMIT, compile_units
 from pixelsmith.core.module import TrainingCore
 from pixelsmith.core.startup import StartupReport, plan_label
-from pixelsmith.hardware.plan import compile_cache_dir, use_compile_cache
+from pixelsmith.hardware.settings import compile_cache_dir, use_compile_cache
 from pixelsmith.run.fit import run
 
 REGULARISED = {
@@ -117,10 +117,10 @@ def test_real_and_generated_images_reach_d_with_identical_strides():
 
 
 def test_the_ema_copy_is_not_compiled(make_cfg, tmp_path, dynamo_eager_backend):
-    from pixelsmith.run.build import build_core_settings, build_model, build_plan
+    from pixelsmith.run.build import build_core_settings, build_model, resolve_hardware
 
     cfg = make_cfg("hardware.compile=true", "max_steps=1", model="stylegan2")
-    model = build_model(cfg, build_core_settings(cfg, build_plan(cfg)))
+    model = build_model(cfg, build_core_settings(cfg, resolve_hardware(cfg)))
     model.configure_model()
 
     def compiled(network):

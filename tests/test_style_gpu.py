@@ -182,8 +182,8 @@ def test_8k_stylize_halves_an_auto_tile_that_runs_out_of_memory_under_the_memory
     import numpy as np
     from PIL import Image
 
-    from pixelsmith.hardware.plan import apply_plan
-    from pixelsmith.run.build import build_plan
+    from pixelsmith.hardware.settings import apply_hardware
+    from pixelsmith.run.build import resolve_hardware
     from pixelsmith.style.tiling import stylize_tiled
 
     with Image.open(_synthetic_photo(tmp_path / "photo.jpg", STYLIZE_SIZE)) as opened:
@@ -205,7 +205,9 @@ def test_8k_stylize_halves_an_auto_tile_that_runs_out_of_memory_under_the_memory
         overrides.append(f"hardware.memory_fraction={fraction:.6f}")
     caplog.set_level(logging.INFO, logger="pixelsmith.style.tiling")
     try:
-        apply_plan(build_plan(_config(overrides, tmp_path / "run")))  # what a run with this profile sets
+        apply_hardware(
+            resolve_hardware(_config(overrides, tmp_path / "run"))
+        )  # what a run with this profile sets
         if not ON_CPU:
             torch.cuda.empty_cache()  # memory earlier tests left cached would count against the cap
         halved = stylize_tiled(model, image, tile="auto", **options)

@@ -10,7 +10,7 @@ import pytest
 import torch
 from torch import nn
 
-from pixelsmith.perf.breakdown import PHASE_TOLERANCE
+from pixelsmith.perf.breakdown import REGION_TOLERANCE
 from pixelsmith.run.fit import run
 from tests.breakdown_checks import BATCH, assert_breakdown_run_reports_flops_and_mfu
 from tests.conftest import compose_config
@@ -84,10 +84,10 @@ def test_style_breakdown_splits_the_loss_network_backward_from_the_stylizer_back
     run(cfg)
     summary = json.loads((tmp_path / "run" / "perf" / "breakdown.json").read_text())
     rows = {r["phase"]: r["mean_ms"] for r in summary["rows"]}
-    for phase in ("h2d", "style_fwd", "loss_fwd", "loss_bwd", "style_bwd", "opt_step"):
-        assert rows[phase] > 0, phase
+    for region in ("h2d", "style_fwd", "loss_fwd", "loss_bwd", "style_bwd", "opt_step"):
+        assert rows[region] > 0, region
     assert "bwd" not in rows and "D_fwd" not in rows
-    assert sum(rows.values()) == pytest.approx(summary["step_mean_ms"], rel=PHASE_TOLERANCE)
+    assert sum(rows.values()) == pytest.approx(summary["step_mean_ms"], rel=REGION_TOLERANCE)
 
 
 @pytest.mark.parametrize("network", ["transformer_net", "adain_decoder"])

@@ -14,7 +14,7 @@ from pixelsmith.config.paths import CONF_DIR
 from pixelsmith.core import budget as budget_module
 from pixelsmith.core.budget import TimeBudget
 from pixelsmith.errors import PixelsmithError
-from pixelsmith.run.build import build_plan
+from pixelsmith.run.build import resolve_hardware
 from pixelsmith.run.fit import run
 from tests.conftest import SMALL_DCGAN, last_checkpoint, metrics_rows, run_cli, series
 
@@ -164,7 +164,7 @@ def test_ddp_ranks_stop_together_at_the_budget(tmp_path):
 
 def test_a_budget_must_be_positive(make_cfg):
     with pytest.raises(PixelsmithError, match="time_budget_minutes"):
-        build_plan(make_cfg("train.time_budget_minutes=0"))
+        resolve_hardware(make_cfg("train.time_budget_minutes=0"))
 
 
 def test_only_the_main_job_has_a_budget(tmp_path):

@@ -19,7 +19,7 @@ present contribute instead of importing them, so deleting a part's folder with i
                               dict for evaluate.py (`ckpt_path=X.pkl`); train.py refuses them as resume points
 
 Everything else a part brings is reached through the config tree (`_target_` paths) or the model object itself
-(e.g. its `breakdown_phases`). `part.py` should import only the part's schemas: it is imported before every
+(e.g. its `breakdown_regions`). `part.py` should import only the part's schemas: it is imported before every
 composition.
 """
 

@@ -6,7 +6,7 @@
 Rank 0 serves (prometheus-client's own HTTP server, a daemon thread; `pip install -e ".[monitoring]"`):
 - `pixelsmith_iteration`, `pixelsmith_images_per_second`, `pixelsmith_images_seen_total`;
 - `pixelsmith_metric{name="loss/G"}` for every scalar the run logs: losses, learning rates, gradient norms, EMA,
-  evaluation scores (`eval/fid`, `eval/kid_mean`, ...), the step-time breakdown (`perf/ms/<phase>` with
+  evaluation scores (`eval/fid`, `eval/kid_mean`, ...), the step-time breakdown (`perf/ms/<region>` with
   `profiler=breakdown`);
 - with NVML (`nvidia-ml-py`) on a machine with NVIDIA GPUs, per GPU `pixelsmith_gpu_utilization_percent`,
   `pixelsmith_gpu_memory_used_bytes`, `pixelsmith_gpu_memory_total_bytes`, `pixelsmith_gpu_power_watts`,

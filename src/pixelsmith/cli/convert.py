@@ -11,7 +11,7 @@ from hydra.utils import get_method
 
 from pixelsmith.config.paths import register_resolvers
 from pixelsmith.config.schema import register_configs
-from pixelsmith.hardware.plan import register_detected_profile
+from pixelsmith.hardware.settings import register_detected_profile
 from pixelsmith.parts import contributed
 
 

@@ -13,7 +13,7 @@ from omegaconf import DictConfig
 
 from pixelsmith.config.paths import CONF_DIR, register_resolvers
 from pixelsmith.config.schema import register_configs
-from pixelsmith.hardware.plan import register_detected_profile
+from pixelsmith.hardware.settings import register_detected_profile
 from pixelsmith.run.entry import guarded_run
 
 register_configs()

@@ -5,9 +5,9 @@ root schema, so a misspelled key (`hardware.batchsize=8`, `maxsteps=5`) or a wro
 start-up with Hydra's message naming the key, instead of training for an hour with a default (LHT #57).
 
 The hardware group is composed by Hydra like any other: `hardware=auto` is the profile the entry point detected
-(`pixelsmith.hardware.plan.register_detected_profile`), so `--cfg job` prints the settings that run, and a command-line
-`hardware.batch_size=32` lands on top of the profile's value. `None` in a hardware field is the plan's default
-(`pixelsmith.hardware.plan.resolve_plan`).
+(`pixelsmith.hardware.settings.register_detected_profile`), so `--cfg job` prints the settings that run, and a
+command-line `hardware.batch_size=32` lands on top of the profile's value. `None` in a hardware field is the hardware
+settings' default (`pixelsmith.hardware.settings.resolve_hardware_settings`).
 
 No holes: a field with a fixed set of values is a `choice(Enum, default)` (pixelsmith/config/choices.py; `model.loss_net.arch=
 vgg11` fails at composition naming the key and the values), each datamodule option of `conf/data/` has its own schema

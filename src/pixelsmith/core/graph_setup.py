@@ -34,7 +34,7 @@ class CudaGraphSetup:
             reasons.append(f"{type(core).__name__} declares no iteration plan (supports_cuda_graphs = False)")
         if core._fsdp is not None:
             reasons.append("strategy=fsdp gathers and frees weights inside the iteration")
-        if core._phase_timer is not None:
+        if core._region_timer is not None:
             reasons.append("a profiler (profiler=breakdown|torch) times the phases on the host")
         unfused = [
             name for name in core._optimizer_index if not core._raw_optimizer(name).defaults.get("fused")

@@ -64,9 +64,9 @@ class TrainingCore(L.LightningModule):
     # True when `iteration_plan` names every host decision of an iteration, so `hardware.cuda_graphs` may capture
     # it (core/graphs.py); a model that leaves it False runs eagerly, saying so at start-up.
     supports_cuda_graphs = False
-    # The step-time breakdown's rows for this model's own phases (`with self.phase(name):`), in the order they are
-    # shown (perf/breakdown.py); a phase recorded but not listed is shown after these, in order of appearance.
-    breakdown_phases: tuple[str, ...] = ()
+    # The step-time breakdown's rows for this model's own timed regions (`with self.region(name):`), in the order they
+    # are shown (perf/breakdown.py); a region recorded but not listed is shown after these, in order of appearance.
+    breakdown_regions: tuple[str, ...] = ()
 
     def __init__(self, core: CoreSettings):
         super().__init__()
@@ -83,7 +83,7 @@ class TrainingCore(L.LightningModule):
         self._float_buffers: dict[str, list[torch.Tensor]] = {}
         self._precision: MixedPrecision | None = None
         self._pending_precision_state: dict | None = None
-        self._phase_timer = None
+        self._region_timer = None
         self._ema_pairs: list[tuple[str, EMA, nn.Module]] = []
         self.images_seen = 0
         self.skipped_files: torch.Tensor | int = 0
@@ -138,7 +138,7 @@ class TrainingCore(L.LightningModule):
             # trees rather than leave them to guess the iteration's start from pending backwards.
             torch.compiler.cudagraph_mark_step_begin()
         graphs = self._graphs
-        if graphs is not None and self._phase_timer is not None:
+        if graphs is not None and self._region_timer is not None:
             graphs.give_up("a profiler (profiler=breakdown|torch) times the phases on the host")
         with self.startup.first_run(plan, self.device):  # timed once per plan (core/startup.py)
             if graphs is None:
@@ -175,7 +175,7 @@ class TrainingCore(L.LightningModule):
         # device's own count, which a replay can read (the host's it cannot).
         images_seen = self.images_seen_now
         for name, ema, source in self._ema_pairs:
-            with self.phase("ema"):
+            with self.region("ema"):
                 result.logs[f"ema/{name}_beta"] = ema.update(source, images_per_iteration, images_seen)
         if self._graphs is not None:
             self._images_seen_t.add_(images_per_iteration)
@@ -326,9 +326,10 @@ class TrainingCore(L.LightningModule):
     def autocast(self):
         return self.mixed_precision.autocast()
 
-    def phase(self, name: str):
-        """Context that a profiler callback times (`self._phase_timer` set by it); free when none is attached."""
-        return self._phase_timer(name) if self._phase_timer is not None else nullcontext()
+    def region(self, name: str):
+        """A named region of the iteration that a profiler callback times (`self._region_timer` set by it); free when
+        none is attached."""
+        return self._region_timer(name) if self._region_timer is not None else nullcontext()
 
     def prepare_images(self, images: torch.Tensor) -> torch.Tensor:
         """uint8 [0, 255] from the loader -> float in [-1, 1] on the device, in the networks' memory format."""

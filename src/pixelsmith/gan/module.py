@@ -5,7 +5,7 @@ network each trains, how often) and computes their losses. This module runs them
 the other network frozen, `accumulate` micro-batches, the loss multiplied by the phase's interval (lazy
 regularisation), one optimizer step at the end of the phase, eager networks and gathered weights for phases that
 differentiate a gradient, and the step-time breakdown's phases (G_fwd, D_fwd, D_bwd, G_bwd, D_reg, G_reg, opt_step)
-timed here once. Augmentation (DiffAugment/ADA) is applied to every image D sees, inside the step, on the batch's
+timed here once. Augmentation (DiffAugment/ADA) is applied to every image D sees, inside the iteration, on the batch's
 device, and G's gradients flow through it; ADA adjusts p once D has trained this iteration. The core ends the
 iteration (EMA of G after buffers are synced across ranks, schedules, logging, guard, stopping).
 """
@@ -35,7 +35,7 @@ log = logging.getLogger(__name__)
 class GANModule(TrainingCore):
     supports_cuda_graphs = True  # iteration_plan names the phases due and ADA's adjustment (core/graphs.py)
     # The step-time breakdown's rows (R1 in D_reg, path length in G_reg; augment is nested in D_fwd/D_reg).
-    breakdown_phases = ("augment", "G_fwd", "D_fwd", "D_bwd", "D_reg", "G_bwd", "G_reg")
+    breakdown_regions = ("augment", "G_fwd", "D_fwd", "D_bwd", "D_reg", "G_bwd", "G_reg")
 
     def __init__(
         self,
@@ -95,12 +95,12 @@ class GANModule(TrainingCore):
         return key.endswith(".noise_const")
 
     def _check_batch(self, core: CoreSettings) -> None:
-        """At start-up (a training run's core carries its config and plan), refuse a micro-batch D's minibatch
+        """At start-up (a training run's core carries its config and hardware settings), refuse a micro-batch D's minibatch
         standard deviation or the objective's draws cannot use, naming the batch sizes that work."""
         run = core.run_config or {}
-        plan = run.get("runtime_plan") or {}
-        batch = (run.get("data") or {}).get("batch_size") or plan.get("batch_size")
-        processes = int(plan.get("devices") or 1) * int(plan.get("num_nodes") or 1)
+        hardware = run.get("runtime_plan") or {}
+        batch = (run.get("data") or {}).get("batch_size") or hardware.get("batch_size")
+        processes = int(hardware.get("devices") or 1) * int(hardware.get("num_nodes") or 1)
         if not batch or batch % processes:
             return  # no run config (evaluation, a test's module); an indivisible batch is refused by the data
         draws = self.objective.real_draws()
@@ -192,7 +192,7 @@ class GANModule(TrainingCore):
             targets["augment_p"] = self.augment.set_p
         return targets
 
-    # ---- what the objective calls (pixelsmith.gan.objectives.GANStep) ----------------------------------------------
+    # ---- what the objective calls (pixelsmith.gan.objectives.GANLoop) ----------------------------------------------
     @property
     def G(self) -> nn.Module:
         return self.generator
@@ -201,21 +201,21 @@ class GANModule(TrainingCore):
     def D(self) -> nn.Module:
         return self.discriminator
 
-    def _forward_phase(self, name: str):
-        return self.phase(name) if self._timing_forwards else nullcontext()
+    def _forward_region(self, name: str):
+        return self.region(name) if self._timing_forwards else nullcontext()
 
     def G_forward(self, z: torch.Tensor, *conditions: torch.Tensor, grad: bool = True) -> torch.Tensor:
         grad_enabled = torch.set_grad_enabled(grad and torch.is_grad_enabled())
-        with self._forward_phase("G_fwd"), grad_enabled, self.autocast(), self.startup.network("G"):
+        with self._forward_region("G_fwd"), grad_enabled, self.autocast(), self.startup.network("G"):
             images = self.generator(z, *conditions)
         # Without a gradient no backward holds the images for D: under inductor's CUDA graphs D's replay would
         # overwrite them before D reads them (Dmain's fakes, seen on an H200).
         return images if grad else self.keep_compiled_output(images)
 
     def D_forward(self, images: torch.Tensor, *conditions: torch.Tensor, reals: bool = False) -> torch.Tensor:
-        with self._forward_phase("D_fwd"), self.autocast():
+        with self._forward_region("D_fwd"), self.autocast():
             if self.augment is not None:
-                with self.phase("augment"):
+                with self.region("augment"):
                     images = self.augment(images)
             with self.startup.network("D"):
                 logits = self.discriminator(self.in_network_layout(images), *conditions)
@@ -263,7 +263,7 @@ class GANModule(TrainingCore):
         # The plan made for this iteration (a caller that drives train_iteration alone gets one made here).
         phase_names, adapts = self._plan if self._plan is not None else self.iteration_plan(batch)
         self._plan = None
-        with self.phase("h2d"):
+        with self.region("h2d"):
             reals = self.prepare_images(images)
             labels = (
                 batch[2].to(self.device, non_blocking=True)
@@ -299,7 +299,7 @@ class GANModule(TrainingCore):
         sums: dict[str, torch.Tensor] = {}
         regularising = phase.double_backward
         # A regularisation phase is one breakdown row (StyleGAN2-ADA's Dreg/Greg: forward, gradient, double backward).
-        whole = self.phase(f"{phase.network}_reg") if regularising else nullcontext()
+        whole = self.region(f"{phase.network}_reg") if regularising else nullcontext()
         try:
             frozen.requires_grad_(False)
             trained.requires_grad_(True)
@@ -316,7 +316,7 @@ class GANModule(TrainingCore):
                             phase, self, {key: parts[micro] for key, parts in chunks.items()}
                         )
                     loss = out.loss * phase.interval if phase.interval != 1 else out.loss
-                    with nullcontext() if regularising else self.phase(f"{phase.network}_bwd"):
+                    with nullcontext() if regularising else self.region(f"{phase.network}_bwd"):
                         self.loss_backward(loss, phase.network)
                     for key, value in out.logs.items():
                         value = value.detach().float()
@@ -328,7 +328,7 @@ class GANModule(TrainingCore):
         finally:
             self._timing_forwards = True
             frozen.requires_grad_(True)
-        with self.phase("opt_step"):
+        with self.region("opt_step"):
             self.step(phase.network)
         return sums
 

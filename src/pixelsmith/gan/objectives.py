@@ -77,7 +77,7 @@ class GANBatch:
     )
 
 
-class GANStep(Protocol):
+class GANLoop(Protocol):
     """What a loop gives an objective while a phase runs (GANModule, and the plain benchmark loop)."""
 
     G: nn.Module
@@ -160,7 +160,7 @@ class Regularizer(nn.Module):
     def enabled(self) -> bool:
         return True
 
-    def loss(self, step: GANStep, inputs: Mapping[str, Tensor]) -> PhaseLoss:
+    def loss(self, loop: GANLoop, inputs: Mapping[str, Tensor]) -> PhaseLoss:
         raise NotImplementedError
 
 
@@ -188,10 +188,10 @@ class R1Penalty(Regularizer):
     def enabled(self) -> bool:
         return self.gamma > 0
 
-    def loss(self, step: GANStep, inputs: Mapping[str, Tensor]) -> PhaseLoss:
+    def loss(self, loop: GANLoop, inputs: Mapping[str, Tensor]) -> PhaseLoss:
         real = inputs["real"].detach().requires_grad_(True)
-        logits = step.D_forward(real)
-        penalty = r1_penalty(logits, real, step.loss_scale())
+        logits = loop.D_forward(real)
+        penalty = r1_penalty(logits, real, loop.loss_scale())
         return PhaseLoss(penalty * (self.gamma / 2), {"loss/r1": penalty.detach()})
 
 
@@ -228,8 +228,8 @@ class PathLengthPenalty(Regularizer):
     def enabled(self) -> bool:
         return self.weight > 0
 
-    def loss(self, step: GANStep, inputs: Mapping[str, Tensor]) -> PhaseLoss:
-        G = step.G
+    def loss(self, loop: GANLoop, inputs: Mapping[str, Tensor]) -> PhaseLoss:
+        G = loop.G
         if not _forward_takes_return_ws(type(G)):
             raise PixelsmithError(
                 f"PathLengthPenalty needs a generator whose forward takes return_ws=True and returns (images, w); "
@@ -238,7 +238,7 @@ class PathLengthPenalty(Regularizer):
             )
         z = inputs["z"]
         z = z[: max(1, z.shape[0] // self.batch_shrink)]
-        with step.autocast():
+        with loop.autocast():
             images, w = G(z, return_ws=True)
         noise = torch.randn_like(images, dtype=torch.float32) / math.sqrt(images.shape[2] * images.shape[3])
         # Unscaled, as NVlabs' pl_grads: the probe is already about 1/sqrt(H*W) a pixel, well inside fp16's range.
@@ -249,7 +249,7 @@ class PathLengthPenalty(Regularizer):
         if squared.ndim > 1:  # per-layer ws [N, layers, w_dim]: StyleGAN2's code averages over the layers
             squared = squared.mean(dim=1)
         lengths = squared.sqrt()
-        batch_mean = step.mean_over_ranks(lengths.detach().mean())
+        batch_mean = loop.mean_over_ranks(lengths.detach().mean())
         with torch.no_grad():
             # A non-finite batch (an fp16 overflow the GradScaler will skip) must not poison the running mean for the
             # rest of the run: the mean keeps its value, decided on the device (no host read).
@@ -361,11 +361,11 @@ class GANObjective(nn.Module):
         del count, device
         return ()
 
-    def loss(self, phase: Phase, step: GANStep, inputs: Mapping[str, Tensor]) -> PhaseLoss:
+    def loss(self, phase: Phase, loop: GANLoop, inputs: Mapping[str, Tensor]) -> PhaseLoss:
         if phase.name == "Dmain":
-            fake = step.G_forward(inputs["z"], grad=False)
-            real_logits = step.D_forward(inputs["real"], reals=True)
-            fake_logits = step.D_forward(fake)
+            fake = loop.G_forward(inputs["z"], grad=False)
+            real_logits = loop.D_forward(inputs["real"], reals=True)
+            fake_logits = loop.D_forward(fake)
             loss = self.adversarial.discriminator(real_logits, fake_logits)
             return PhaseLoss(
                 loss,
@@ -376,12 +376,12 @@ class GANObjective(nn.Module):
                 },
             )
         if phase.name == "Gmain":
-            loss = self.adversarial.generator(step.D_forward(step.G_forward(inputs["z"])))
+            loss = self.adversarial.generator(loop.D_forward(loop.G_forward(inputs["z"])))
             return PhaseLoss(loss, {"loss/G": loss.detach()})
         reg = self.regularizer_of(phase)
         if reg is None:
             raise PixelsmithError(f"{type(self).__name__} has no phase {phase.name!r}.")
-        return reg.loss(step, inputs)
+        return reg.loss(loop, inputs)
 
     def real_draws(self) -> int:
         """Real batches an iteration draws from the loader: its batch holds them side by side (data.batch_size is
@@ -479,23 +479,23 @@ class R3GANObjective(GANObjective):
             return ()
         return (torch.arange(count, device=device) % self.c_dim,)
 
-    def loss(self, phase: Phase, step: GANStep, inputs: Mapping[str, Tensor]) -> PhaseLoss:
+    def loss(self, phase: Phase, loop: GANLoop, inputs: Mapping[str, Tensor]) -> PhaseLoss:
         c = (inputs["c"],) if "c" in inputs else ()
         if phase.name == "Gmain":
-            fake_logits = step.D_forward(step.G_forward(inputs["z"], *c), *c).float()
+            fake_logits = loop.D_forward(loop.G_forward(inputs["z"], *c), *c).float()
             with torch.no_grad():
-                real_logits = step.D_forward(inputs["real"], *c).float()
+                real_logits = loop.D_forward(inputs["real"], *c).float()
             loss = F.softplus(-(fake_logits - real_logits)).mean()
             return PhaseLoss(loss, {"loss/G": loss.detach()})
         if phase.name != "Dmain":
             raise PixelsmithError(f"R3GANObjective has no phase {phase.name!r}.")
         real = inputs["real"].detach().requires_grad_(True)
-        fake = step.G_forward(inputs["z"], *c, grad=False).detach().requires_grad_(True)
-        real_logits = step.D_forward(real, *c, reals=True).float()
-        fake_logits = step.D_forward(fake, *c).float()
+        fake = loop.G_forward(inputs["z"], *c, grad=False).detach().requires_grad_(True)
+        real_logits = loop.D_forward(real, *c, reals=True).float()
+        fake_logits = loop.D_forward(fake, *c).float()
         # One autograd.grad for both penalties (their sums are independent); under fp16 the GradScaler's scale keeps
         # small gradients from flushing to zero and is divided out again, as r1_penalty does.
-        scale = step.loss_scale()
+        scale = loop.loss_scale()
         real_grad, fake_grad = torch.autograd.grad(
             (real_logits.sum() + fake_logits.sum()) * scale, [real, fake], create_graph=True
         )
@@ -596,21 +596,21 @@ class WGANGPObjective(GANObjective):
             inputs["mix"] = torch.rand(reals.shape[0], 1, 1, 1, device=reals.device)
         return inputs
 
-    def loss(self, phase: Phase, step: GANStep, inputs: Mapping[str, Tensor]) -> PhaseLoss:
+    def loss(self, phase: Phase, loop: GANLoop, inputs: Mapping[str, Tensor]) -> PhaseLoss:
         if phase.name == "Gmain":
-            loss = -step.D_forward(step.G_forward(inputs["z"])).float().mean()
+            loss = -loop.D_forward(loop.G_forward(inputs["z"])).float().mean()
             return PhaseLoss(loss, {"loss/G": loss.detach()})
         if phase.name != "Dmain":
             raise PixelsmithError(f"WGANGPObjective has no phase {phase.name!r}.")
         real = inputs["real"]
-        fake = step.G_forward(inputs["z"], grad=False).detach()
-        real_logits = step.D_forward(real, reals=True).float()
-        fake_logits = step.D_forward(fake).float()
+        fake = loop.G_forward(inputs["z"], grad=False).detach()
+        real_logits = loop.D_forward(real, reals=True).float()
+        fake_logits = loop.D_forward(fake).float()
         mix = inputs["mix"].to(real.dtype)
         between = (mix * real.detach() + (1 - mix) * fake.to(real.dtype)).requires_grad_(True)
-        scale = step.loss_scale()
+        scale = loop.loss_scale()
         (grad,) = torch.autograd.grad(
-            step.D_forward(between).float().sum() * scale, between, create_graph=True
+            loop.D_forward(between).float().sum() * scale, between, create_graph=True
         )
         norms = (grad.float() / scale).flatten(1).norm(dim=1)
         penalty = (norms - 1.0).square().mean()

@@ -89,7 +89,7 @@ def compose_run_config(overrides: list[str]) -> Any:
     from hydra.core.global_hydra import GlobalHydra
 
     from pixelsmith.config.paths import CONF_DIR, register_resolvers
-    from pixelsmith.hardware.plan import register_detected_profile
+    from pixelsmith.hardware.settings import register_detected_profile
 
     # The schemas are registered by the entry point (convert.py, pixelsmith.cli.convert, evaluate.py), as for
     # every composition: pixelsmith.config sits above this part.
@@ -123,7 +123,7 @@ def checkpoint_from_pickle(
     model.init_from take it."""
     from omegaconf import OmegaConf, open_dict
 
-    from pixelsmith.run.build import build_core_settings, build_model, build_plan
+    from pixelsmith.run.build import build_core_settings, build_model, resolve_hardware
 
     path = Path(path).expanduser()
     converted = convert_pickle(path, key=key)
@@ -139,12 +139,12 @@ def checkpoint_from_pickle(
     with open_dict(cfg):
         # `${hydra:runtime.output_dir}` outside a Hydra run: this config never runs, the pickle's folder stands in.
         cfg.paths.output_dir = str(path.parent)
-    plan = build_plan(cfg)
-    model = build_model(cfg, build_core_settings(cfg, plan))
+    hardware = resolve_hardware(cfg)
+    model = build_model(cfg, build_core_settings(cfg, hardware))
     networks = {"G": model.generator, "D": model.discriminator, "G_ema": model.G_ema.model}
     load_into(converted, networks, path)
     run_config = OmegaConf.to_container(cfg, resolve=True)
-    run_config["runtime_plan"] = plan.__dict__.copy()
+    run_config["runtime_plan"] = hardware.__dict__.copy()
     return {
         "state_dict": model.state_dict(),
         "pixelsmith": {"iteration": 0, "images_seen": 0},

@@ -48,7 +48,7 @@ def _auto_resolver(key: str, resolution, devices=1, num_nodes=1):
         raise ValueError(
             f"${{pixelsmith.stylegan2_auto:{key},...}}: unknown key {key!r}; it gives one of {', '.join(AUTO_KEYS)}."
         )
-    # hardware.devices null means one device per process (as the runtime plan reads it)
+    # hardware.devices null means one device per process (as the hardware settings read it)
     return stylegan2_auto(resolution, int(devices or 1) * int(num_nodes or 1))[key]
 
 

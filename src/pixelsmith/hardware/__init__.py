@@ -1,2 +1,3 @@
-"""Hardware: the profiles' schema (`schema`: conf/hardware, conf/precision, conf/strategy) and the plan a run takes
-from them (`plan`: detect the device, resolve the composed config into one plan, apply it)."""
+"""Hardware: the profiles' schema (`schema`: conf/hardware, conf/precision, conf/strategy) and the hardware
+settings a run takes from them (`settings`: detect the device, resolve the composed config into one set of settings,
+apply them)."""

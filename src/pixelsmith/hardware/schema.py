@@ -1,5 +1,5 @@
 """Schemas of the hardware, precision and strategy groups (`conf/hardware/`, `conf/precision/`, `conf/strategy/`),
-beside `pixelsmith.hardware.plan`, which turns them into the run's plan."""
+beside `pixelsmith.hardware.settings`, which turns them into the run's hardware settings."""
 
 from __future__ import annotations
 
@@ -59,7 +59,8 @@ STRATEGIES = values(Strategy)
 class HardwareConfig:
     """A hardware profile, `conf/hardware/<name>.yaml` (hardware=auto: the detected one), composed by Hydra with the
     user's `hardware.*` keys on top: device, default precision, backend switches, loader settings and batch size.
-    `pixelsmith.hardware.plan.resolve_plan` turns it into the RuntimePlan; a field left None takes the plan's default."""
+    `pixelsmith.hardware.settings.resolve_hardware_settings` turns it into the HardwareSettings; a field left None takes
+    its default there."""
 
     name: str = "auto"
     accelerator: str | None = choice(Accelerator, None)  # cpu | cuda | mps

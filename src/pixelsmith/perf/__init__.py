@@ -1,5 +1,6 @@
 """Performance toolkit of a training run: step-time breakdown, throughput/MFU/memory, torch.profiler windows, auto
-batch size (the hardware switches are part of the run's plan: `pixelsmith.hardware.plan.apply_plan`). The benchmarks (`bench.py`, the plain loop) live outside the package, in `benchmarks/`.
+batch size (the hardware switches are part of the run's hardware settings:
+`pixelsmith.hardware.settings.apply_hardware`). The benchmarks (`bench.py`, the plain loop) live outside the package, in `benchmarks/`.
 See docs/performance.md.
 
 `pixelsmith.run.fit.run` calls the three functions below; nothing here runs unless the config asks for it
@@ -15,15 +16,15 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from omegaconf import DictConfig
 
-    from pixelsmith.hardware.plan import RuntimePlan
+    from pixelsmith.hardware.settings import HardwareSettings
 
 
-def prepare_run(cfg: DictConfig, plan: RuntimePlan) -> None:
-    """Before data and model, after `pixelsmith.hardware.plan.apply_plan` set the plan's switches: (if enabled) search the
+def prepare_run(cfg: DictConfig, hardware: HardwareSettings) -> None:
+    """Before data and model, after `pixelsmith.hardware.settings.apply_hardware` set the hardware settings' switches: (if enabled) search the
     batch size, which rewrites `cfg.data.batch_size` (and the lrs with `auto_batch.scale_lr`)."""
     from pixelsmith.perf.batch_size import choose_batch_size
 
-    choose_batch_size(cfg, plan, plan.memory_fraction)
+    choose_batch_size(cfg, hardware, hardware.memory_fraction)
 
 
 def build_callbacks(cfg: DictConfig) -> list:

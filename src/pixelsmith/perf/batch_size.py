@@ -37,7 +37,7 @@ import torch
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from pixelsmith.errors import PixelsmithError
-from pixelsmith.hardware.plan import RuntimePlan
+from pixelsmith.hardware.settings import HardwareSettings
 from pixelsmith.perf import memory
 
 log = logging.getLogger(__name__)
@@ -189,8 +189,10 @@ class MemoryProbe:
         return Trial(batch, peak <= self.budget_mb, peak)
 
 
-def default_budget_mb(cfg_auto: DictConfig, plan: RuntimePlan, memory_fraction: float | None) -> float:
-    if plan.accelerator == "cuda":
+def default_budget_mb(
+    cfg_auto: DictConfig, hardware: HardwareSettings, memory_fraction: float | None
+) -> float:
+    if hardware.accelerator == "cuda":
         device = int(os.environ.get("LOCAL_RANK", 0))
         total = torch.cuda.get_device_properties(device).total_memory / 2**20
         return total * (memory_fraction or 1.0) * float(cfg_auto.gpu_budget_fraction)
@@ -223,7 +225,7 @@ def _config_key(cfg: DictConfig) -> str:
     return hashlib.sha1(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
-def make_training_trial(cfg: DictConfig, plan: RuntimePlan) -> Callable[[int], None]:
+def make_training_trial(cfg: DictConfig, hardware: HardwareSettings) -> Callable[[int], None]:
     """One real training iteration of a fresh model at a given per-process micro-batch, on one device."""
     import lightning as L
 
@@ -235,15 +237,15 @@ def make_training_trial(cfg: DictConfig, plan: RuntimePlan) -> Callable[[int], N
         trial_cfg.accumulate = 1
         trial_cfg.data.num_workers = 0  # worker processes' memory is not this process's RSS
         trial_cfg.data.batch_size = 1
-    single = RuntimePlan(**{**plan.__dict__, "devices": 1, "num_nodes": 1, "strategy": "auto"})
+    single = HardwareSettings(**{**hardware.__dict__, "devices": 1, "num_nodes": 1, "strategy": "auto"})
     datamodule = build_datamodule(trial_cfg, single)
 
     def trial(batch: int) -> None:
         datamodule.batch_size = batch
         model = build_model(trial_cfg, build_core_settings(trial_cfg, single))
         trainer = L.Trainer(
-            accelerator=plan.accelerator,
-            devices=[int(os.environ.get("LOCAL_RANK", 0))] if plan.accelerator == "cuda" else 1,
+            accelerator=hardware.accelerator,
+            devices=[int(os.environ.get("LOCAL_RANK", 0))] if hardware.accelerator == "cuda" else 1,
             precision="32-true",
             max_epochs=-1,
             max_steps=-1,
@@ -262,36 +264,38 @@ def make_training_trial(cfg: DictConfig, plan: RuntimePlan) -> Callable[[int], N
     return trial
 
 
-def choose_batch_size(cfg: DictConfig, plan: RuntimePlan, memory_fraction: float | None) -> int | None:
+def choose_batch_size(
+    cfg: DictConfig, hardware: HardwareSettings, memory_fraction: float | None
+) -> int | None:
     """When `auto_batch.enabled`, search, set `cfg.data.batch_size` (global) and optionally scale the lrs."""
     auto = cfg.get("auto_batch")
     if auto is None or not auto.enabled:
         return None
-    world = plan.world_size
-    configured = int(cfg.data.batch_size or plan.batch_size)
+    world = hardware.world_size
+    configured = int(cfg.data.batch_size or hardware.batch_size)
     key = _config_key(cfg)
     inherited = os.environ.get(ENV_KEY, "")
     if inherited.startswith(key + ":"):
         chosen_global = int(inherited.split(":", 1)[1])
         log.info("auto batch: using batch %d found by rank 0", chosen_global)
     else:
-        if plan.accelerator == "mps":
+        if hardware.accelerator == "mps":
             raise PixelsmithError(
                 "auto_batch measures CUDA's allocator or the process RSS; an Apple GPU's memory is neither, so it "
                 "is not searched there: set data.batch_size by hand."
             )
-        if plan.accelerator == "cpu" and not memory.can_reset_peak_rss():
+        if hardware.accelerator == "cpu" and not memory.can_reset_peak_rss():
             raise PixelsmithError(
                 "auto_batch on CPU measures peak RSS through /proc/self/clear_refs, which this system lacks; "
                 "set data.batch_size by hand."
             )
         device = (
             torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)))
-            if plan.accelerator == "cuda"
+            if hardware.accelerator == "cuda"
             else torch.device("cpu")
         )
-        budget = default_budget_mb(auto, plan, memory_fraction)
-        trial = make_training_trial(cfg, plan)
+        budget = default_budget_mb(auto, hardware, memory_fraction)
+        trial = make_training_trial(cfg, hardware)
         start = int(auto.start or max(1, configured // world))
         # One unmeasured iteration first: one-time allocations (oneDNN/cuDNN primitives and workspaces, lazy
         # module state, Lightning internals) would otherwise be charged to the first measured batch.

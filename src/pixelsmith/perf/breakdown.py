@@ -1,22 +1,22 @@
-"""Step-time breakdown: where each training iteration's time goes, phase by phase.
+"""Step-time breakdown: where each training iteration's time goes, region by region.
 
-`StepTimeBreakdown` (a Lightning callback) attaches a `StepTimer` to the module (the core's `self.phase(name)`
+`StepTimeBreakdown` (a Lightning callback) attaches a `StepTimer` to the module (the core's `self.region(name)`
 hook) and wraps the Trainer's profiler in a `LoopClock`, which turns Lightning's own profiling calls into marks:
 the loader's `next()` (data wait), the batch-transfer hooks (host-to-device) and `training_step`. One iteration
 runs from one `next()` on the loader to the next one, so every millisecond of the loop lands in exactly one row:
 
     data_wait      waiting for the loader (next(); decode/augment in the main process when num_workers=0)
-    h2d            Lightning's batch transfer hooks + the module's `h2d` phase (copy, uint8 -> float, layout)
-    (the model's)  the phases the model names (`with self.phase(name):`), in the order of its `breakdown_phases`
+    h2d            Lightning's batch transfer hooks + the module's `h2d` region (copy, uint8 -> float, layout)
+    (the model's)  the regions the model names (`with self.region(name):`), in the order of its `breakdown_regions`
                    (each model module documents its own: forwards, backwards, regularisation, augmentation), then
                    any it did not list, in the order they first appear
     opt_step       all-reduce, unscale, finite check, clipping, optimizer step, zero_grad
     ema            the EMA update at the end of the iteration
-    other_in_step  inside training_step but in no phase: latents, bookkeeping, `self.log`
+    other_in_step  inside training_step but in no region: latents, bookkeeping, `self.log`
     other_loop     outside training_step: Lightning's loop, callbacks, loggers, progress bar
 
 Every `every_n_steps` iterations the window's mean milliseconds and shares go to the loggers
-(`perf/ms/<phase>`, `perf/share/<phase>`); at the end `perf/breakdown.md`, `.csv`, `.json` and `.png` are written.
+(`perf/ms/<region>`, `perf/share/<region>`); at the end `perf/breakdown.md`, `.csv`, `.json` and `.png` are written.
 Iterations before `warmup_steps` are left out (first-step allocations, oneDNN primitive creation, compilation).
 """
 
@@ -45,13 +45,13 @@ from pixelsmith.perf.timer import (
 
 log = logging.getLogger(__name__)
 
-# The loop's phases around the model's own (which come from the module's `breakdown_phases`: general code names no
-# model's phases, so a model part can be removed or added without an edit here).
-LEADING_PHASES = [DATA_WAIT, H2D]
-TRAILING_PHASES = ["opt_step", "ema"]
+# The loop's regions around the model's own (which come from the module's `breakdown_regions`: general code names no
+# model's regions, so a model part can be removed or added without an edit here).
+LEADING_REGIONS = [DATA_WAIT, H2D]
+TRAILING_REGIONS = ["opt_step", "ema"]
 OTHER_LABELS = [OTHER_IN_STEP, OTHER_LOOP]
-PHASE_TOLERANCE = (
-    0.01  # named phases + other must equal the step time within 1% (exact on CPU by construction)
+REGION_TOLERANCE = (
+    0.01  # named regions + other must equal the step time within 1% (exact on CPU by construction)
 )
 
 
@@ -113,15 +113,15 @@ class LoopClock(Profiler):
         self.inner.teardown(stage)
 
 
-def ordered_labels(labels, model_phases: Iterable[str] = ()) -> list[str]:
-    """The rows' order: data wait and host-to-device, the model's phases (its `breakdown_phases` first, then any
+def ordered_labels(labels, model_regions: Iterable[str] = ()) -> list[str]:
+    """The rows' order: data wait and host-to-device, the model's regions (its `breakdown_regions` first, then any
     other it recorded, in order of appearance), optimizer step and EMA, then the two "other" rows."""
     present = list(dict.fromkeys(labels))
-    fixed = LEADING_PHASES + TRAILING_PHASES + OTHER_LABELS + ["total"]
-    declared = [name for name in dict.fromkeys(model_phases) if name not in fixed]
-    head = [name for name in LEADING_PHASES + declared if name in present]
+    fixed = LEADING_REGIONS + TRAILING_REGIONS + OTHER_LABELS + ["total"]
+    declared = [name for name in dict.fromkeys(model_regions) if name not in fixed]
+    head = [name for name in LEADING_REGIONS + declared if name in present]
     middle = [name for name in present if name not in fixed and name not in declared]
-    tail = [name for name in TRAILING_PHASES + OTHER_LABELS if name in present]
+    tail = [name for name in TRAILING_REGIONS + OTHER_LABELS if name in present]
     return head + middle + tail
 
 
@@ -155,7 +155,7 @@ class BreakdownStats:
 
     def median_ms(self, label: str) -> float:
         values = self.per_label.get(label, [])
-        # An iteration without the phase spent 0 ms in it: pad, so medians describe all iterations.
+        # An iteration without the region spent 0 ms in it: pad, so medians describe all iterations.
         padded = values + [0.0] * (min(self.count, self.keep) - len(values))
         return 1000.0 * statistics.median(padded) if padded else 0.0
 
@@ -173,29 +173,29 @@ class StepTimeBreakdown(Callback):
         self.stats = BreakdownStats()
         self.window = BreakdownStats()
         self._resolved = 0
-        self.overhead_per_phase_s = 0.0
+        self.overhead_per_region_s = 0.0
         self.images_per_iteration = 0
         self.summary: dict[str, Any] | None = None
-        self.model_phases: tuple[str, ...] = ()
+        self.model_regions: tuple[str, ...] = ()
 
     # ---- attach / detach ----------------------------------------------------------------------------------------
     def setup(self, trainer, pl_module, stage: str) -> None:
         if stage != "fit":
             return
         device = trainer.strategy.root_device
-        self.model_phases = tuple(getattr(pl_module, "breakdown_phases", ()))
-        existing = getattr(pl_module, "_phase_timer", None)
+        self.model_regions = tuple(getattr(pl_module, "breakdown_regions", ()))
+        existing = getattr(pl_module, "_region_timer", None)
         self.timer = StepTimer(device, timing=True, annotate=bool(existing is not None and existing.annotate))
-        pl_module._phase_timer = self.timer
+        pl_module._region_timer = self.timer
         self._clock = LoopClock(self.timer, trainer.profiler)
         trainer.profiler = self._clock
-        self.overhead_per_phase_s = measure_overhead(device)
+        self.overhead_per_region_s = measure_overhead(device)
 
     def teardown(self, trainer, pl_module, stage: str) -> None:
         if self._clock is not None and trainer.profiler is self._clock:
             trainer.profiler = self._clock.inner
-        if getattr(pl_module, "_phase_timer", None) is self.timer:
-            pl_module._phase_timer = None
+        if getattr(pl_module, "_region_timer", None) is self.timer:
+            pl_module._region_timer = None
 
     # ---- per iteration -----------------------------------------------------------------------------------------
     def _consume(self) -> None:
@@ -224,7 +224,7 @@ class StepTimeBreakdown(Callback):
         window, self.window = self.window, BreakdownStats()
         total = window.mean_ms("total")
         metrics = {"perf/ms/total": total}
-        for label in ordered_labels(window.sums, self.model_phases):
+        for label in ordered_labels(window.sums, self.model_regions):
             ms = window.mean_ms(label)
             metrics[f"perf/ms/{label}"] = ms
             metrics[f"perf/share/{label}"] = ms / total if total > 0 else 0.0
@@ -247,7 +247,7 @@ class StepTimeBreakdown(Callback):
         stats = self.stats
         total = stats.mean_ms("total")
         rows = []
-        for label in ordered_labels(stats.sums, self.model_phases):
+        for label in ordered_labels(stats.sums, self.model_regions):
             rows.append(
                 {
                     "phase": label,
@@ -259,8 +259,8 @@ class StepTimeBreakdown(Callback):
             )
         named = sum(r["mean_ms"] for r in rows)
         marks_per_iteration = stats.marks / max(stats.count, 1)
-        # Each phase is two marks; a mark is half of a measured enter+exit pair.
-        overhead_ms = 1000.0 * self.overhead_per_phase_s * marks_per_iteration / 2.0
+        # Each region is two marks; a mark is half of a measured enter+exit pair.
+        overhead_ms = 1000.0 * self.overhead_per_region_s * marks_per_iteration / 2.0
         other = sum(r["mean_ms"] for r in rows if r["phase"] in OTHER_LABELS)
         return {
             "iterations": stats.count,
@@ -273,7 +273,7 @@ class StepTimeBreakdown(Callback):
             "other_share": other / total if total > 0 else 0.0,
             "images_per_iteration": self.images_per_iteration,
             "img_per_s": self.images_per_iteration / (total / 1000.0) if total > 0 else 0.0,
-            "timer_overhead_us_per_phase": 1e6 * self.overhead_per_phase_s,
+            "timer_overhead_us_per_phase": 1e6 * self.overhead_per_region_s,
             "timer_overhead_ms_per_iteration": overhead_ms,
             "timer_overhead_share": overhead_ms / total if total > 0 else 0.0,
             "rows": rows,
@@ -315,7 +315,7 @@ def breakdown_markdown(summary: dict[str, Any]) -> str:
         f"{summary['iterations']} iterations after {summary['warmup_steps']} warm-up; clock: {summary['clock']}; "
         f"{summary['images_per_iteration']} images per iteration -> {summary['img_per_s']:.1f} img/s.",
         "",
-        "| phase | mean ms | median ms | share |",
+        "| region | mean ms | median ms | share |",
         "|---|---:|---:|---:|",
     ]
     for r in summary["rows"]:
@@ -326,9 +326,9 @@ def breakdown_markdown(summary: dict[str, Any]) -> str:
         f"| **step** | **{summary['step_mean_ms']:.2f}** | **{summary['step_median_ms']:.2f}** | 100% |",
         "",
         f"other (in step + loop): {summary['other_ms']:.2f} ms = {100 * summary['other_share']:.1f}% of the step.",
-        f"Phases sum to {summary['sum_of_phases_ms']:.2f} ms of a {summary['step_mean_ms']:.2f} ms step "
-        f"(tolerance {100 * PHASE_TOLERANCE:.0f}%).",
-        f"Measurement overhead: {summary['timer_overhead_us_per_phase']:.2f} us per phase (measured at start) "
+        f"Regions sum to {summary['sum_of_phases_ms']:.2f} ms of a {summary['step_mean_ms']:.2f} ms step "
+        f"(tolerance {100 * REGION_TOLERANCE:.0f}%).",
+        f"Measurement overhead: {summary['timer_overhead_us_per_phase']:.2f} us per region (measured at start) "
         f"-> {1000 * summary['timer_overhead_ms_per_iteration']:.1f} us per iteration "
         f"({100 * summary['timer_overhead_share']:.3f}% of the step).",
         "",

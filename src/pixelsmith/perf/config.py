@@ -10,7 +10,7 @@ class ProfilerConfig:
     """Performance measurement (conf/profiler/: none | breakdown | torch); see docs/performance.md."""
 
     name: str = "none"
-    breakdown: bool = False  # per-phase step time -> perf/ms/*, perf/share/*, <run>/perf/breakdown.*
+    breakdown: bool = False  # per-region step time -> perf/ms/*, perf/share/*, <run>/perf/breakdown.*
     throughput: bool = False  # img/s, FLOPs, TFLOP/s, MFU, peak memory -> <run>/perf/throughput.json
     torch: bool = False  # torch.profiler window -> <run>/perf/trace.json (Chrome trace) + kernels.txt/csv
     every_n_steps: int | None = None  # scalars every N iterations; None = train.log_every_n_steps

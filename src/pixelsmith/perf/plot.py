@@ -1,5 +1,5 @@
 """Horizontal bar charts as PNG, drawn with Pillow (already a dependency; matplotlib is not, and two simple charts
-do not justify ~40 MB of it): the phase shares of a step-time breakdown and the images/s of a benchmark matrix."""
+do not justify ~40 MB of it): the region shares of a step-time breakdown and the images/s of a benchmark matrix."""
 
 from __future__ import annotations
 

@@ -1,20 +1,20 @@
-"""Phase timer: exclusive time per named phase of a training iteration, kept as a timeline of marks.
+"""Region timer: exclusive time per named region of a training iteration, kept as a timeline of marks.
 
-A *mark* says "from now on, time belongs to <label>". Phases nest (`augment` inside `D_fwd`): entering a phase marks
-its name, leaving it marks the enclosing phase again, so every interval belongs to exactly one label and the labels
-of one iteration partition its wall time: exclusive times, nothing counted twice, and the per-phase times add up to
+A *mark* says "from now on, time belongs to <label>". Regions nest (`augment` inside `D_fwd`): entering a region marks
+its name, leaving it marks the enclosing region again, so every interval belongs to exactly one label and the labels
+of one iteration partition its wall time: exclusive times, nothing counted twice, and the per-region times add up to
 the iteration time by construction (tests check that total against an independent clock).
 
 Outside `training_step` the loop clock (`pixelsmith.perf.breakdown.LoopClock`) marks the loop's own regions:
-`data_wait` (the loader's `next()`), `h2d` (Lightning's batch-transfer hooks; the module's `h2d` phase adds the
+`data_wait` (the loader's `next()`), `h2d` (Lightning's batch-transfer hooks; the module's `h2d` region adds the
 in-step copy and conversion) and `other_loop` (Lightning's loop, callbacks, loggers). Inside `training_step`, time
-in no phase is `other_in_step` (latents, bookkeeping, `self.log`).
+in no region is `other_in_step` (latents, bookkeeping, `self.log`).
 
 Clocks:
 - CPU: `time.perf_counter()`. CPU kernels run synchronously on the calling thread (intra-op worker threads join
-  before an op returns), so a reading taken when Python leaves a phase is the end of that phase's compute.
+  before an op returns), so a reading taken when Python leaves a region is the end of that region's compute.
 - CUDA: a CUDA event recorded on the current stream per mark, resolved only once it has completed (no
-  synchronisation inside the step). Intervals are then GPU-timeline time: a phase is charged for its kernels, and
+  synchronisation inside the step). Intervals are then GPU-timeline time: a region is charged for its kernels, and
   `data_wait` is the time the GPU sat idle while the host fetched a batch (a fetch hidden behind queued kernels
   costs nothing). The host readings are kept too (`host_iterations`), to see how far ahead the CPU runs.
 
@@ -36,8 +36,8 @@ OTHER_LOOP = "other_loop"
 LOOP_LABELS = (DATA_WAIT, H2D, OTHER_LOOP)
 
 
-class _Phase:
-    """Context for one phase name; stateless (the timer keeps the stack), so one instance serves nested uses."""
+class _Region:
+    """Context for one region name; stateless (the timer keeps the stack), so one instance serves nested uses."""
 
     __slots__ = ("_name", "_timer")
 
@@ -54,8 +54,8 @@ class _Phase:
         return False
 
 
-class _AnnotatedPhase:
-    """A phase that is also a `torch.profiler.record_function` range, so it shows up named in a Chrome trace."""
+class _AnnotatedRegion:
+    """A region that is also a `torch.profiler.record_function` range, so it shows up named in a Chrome trace."""
 
     __slots__ = ("_name", "_range", "_timer")
 
@@ -85,9 +85,9 @@ class _RawIteration:
 
 
 class StepTimer:
-    """Attach as `module._phase_timer`; the core's `self.phase(name)` then calls `timer(name)`.
+    """Attach as `module._region_timer`; the core's `self.region(name)` then calls `timer(name)`.
 
-    `timing=False, annotate=True` only names the phases for `torch.profiler` (no marks are kept).
+    `timing=False, annotate=True` only names the regions for `torch.profiler` (no marks are kept).
     """
 
     def __init__(self, device: torch.device | str = "cpu", timing: bool = True, annotate: bool = False):
@@ -100,19 +100,19 @@ class StepTimer:
         self._host: list[float] = []
         self._events: list = []
         self._pending: list[_RawIteration] = []
-        self._contexts: dict[str, _Phase] = {}
+        self._contexts: dict[str, _Region] = {}
         self.iterations: list[dict[str, float]] = []  # resolved, seconds per label; GPU timeline on CUDA
         self.host_iterations: list[dict[str, float]] = []  # host clock (identical source to the above on CPU)
         self.marks: list[int] = []  # marks per resolved iteration (for the overhead estimate)
-        self.phase_names: list[str] = []  # in first-seen order
+        self.region_names: list[str] = []  # in first-seen order
 
-    # ---- what the module's phases call ------------------------------------------------------------------------
+    # ---- what the module's regions call ------------------------------------------------------------------------
     def __call__(self, name: str):
         if self.annotate:
-            return _AnnotatedPhase(self, name)
+            return _AnnotatedRegion(self, name)
         context = self._contexts.get(name)
         if context is None:
-            context = self._contexts[name] = _Phase(self, name)
+            context = self._contexts[name] = _Region(self, name)
         return context
 
     def enter(self, name: str) -> None:
@@ -125,7 +125,7 @@ class StepTimer:
 
     # ---- what the loop clock calls ----------------------------------------------------------------------------
     def set_region(self, label: str) -> None:
-        """The loop entered `label` (a LOOP_LABELS entry or OTHER_IN_STEP); open phases keep the time."""
+        """The loop entered `label` (a LOOP_LABELS entry or OTHER_IN_STEP); open regions keep the time."""
         self._base = label
         if not self._stack:
             self._mark(label)
@@ -203,8 +203,8 @@ class StepTimer:
             else:
                 device = host
             for label in raw.labels:
-                if label not in self.phase_names:
-                    self.phase_names.append(label)
+                if label not in self.region_names:
+                    self.region_names.append(label)
             self.iterations.append(device)
             self.host_iterations.append(host)
             self.marks.append(len(raw.labels))
@@ -219,8 +219,8 @@ def _durations(labels: list[str], intervals: list[float]) -> dict[str, float]:
 
 
 def measure_overhead(device: torch.device | str = "cpu", repeats: int = 2000) -> float:
-    """Seconds one phase (enter + exit: two marks) costs, measured on a scratch timer; median of 5 batches."""
-    per_phase = []
+    """Seconds one region (enter + exit: two marks) costs, measured on a scratch timer; median of 5 batches."""
+    per_region = []
     for _ in range(5):
         timer = StepTimer(device)
         timer.begin_iteration()
@@ -228,6 +228,6 @@ def measure_overhead(device: torch.device | str = "cpu", repeats: int = 2000) ->
         for _ in range(repeats):
             with timer("overhead_probe"):
                 pass
-        per_phase.append((time.perf_counter() - start) / repeats)
-    per_phase.sort()
-    return per_phase[len(per_phase) // 2]
+        per_region.append((time.perf_counter() - start) / repeats)
+    per_region.sort()
+    return per_region[len(per_region) // 2]

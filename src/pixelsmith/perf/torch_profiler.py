@@ -1,7 +1,7 @@
 """`profiler=torch`: capture a window of training iterations with `torch.profiler` and write, into `<run>/perf/`:
 
-- `trace.json`: a Chrome trace (open in https://ui.perfetto.dev or chrome://tracing). The module's phases
-  (G_fwd, D_bwd, opt_step, ...) appear as named ranges, because the phase timer wraps each in `record_function`;
+- `trace.json`: a Chrome trace (open in https://ui.perfetto.dev or chrome://tracing). The module's regions
+  (G_fwd, D_bwd, opt_step, ...) appear as named ranges, because the region timer wraps each in `record_function`;
 - `kernels.txt`: torch's key-averages table, sorted by self device time on a GPU (the CUDA kernels), by self CPU
   time on a CPU (the aten ops and oneDNN primitives);
 - `kernels.csv`: the same numbers, machine-readable.
@@ -52,11 +52,11 @@ class TorchProfilerWindow(Callback):
     def setup(self, trainer, pl_module, stage: str) -> None:
         if stage != "fit":
             return
-        timer = getattr(pl_module, "_phase_timer", None)
+        timer = getattr(pl_module, "_region_timer", None)
         if timer is None:
-            pl_module._phase_timer = StepTimer(trainer.strategy.root_device, timing=False, annotate=True)
+            pl_module._region_timer = StepTimer(trainer.strategy.root_device, timing=False, annotate=True)
         else:
-            timer.annotate = True  # a breakdown timer keeps timing and names its phases as well
+            timer.annotate = True  # a breakdown timer keeps timing and names its regions as well
 
     def on_train_start(self, trainer, pl_module) -> None:
         self._cuda = trainer.strategy.root_device.type == "cuda"
@@ -95,9 +95,9 @@ class TorchProfilerWindow(Callback):
 
     def teardown(self, trainer, pl_module, stage: str) -> None:
         self._stop()
-        timer = getattr(pl_module, "_phase_timer", None)
+        timer = getattr(pl_module, "_region_timer", None)
         if isinstance(timer, StepTimer) and not timer.timing:
-            pl_module._phase_timer = None
+            pl_module._region_timer = None
 
     def _stop(self) -> None:
         if self._profiler is not None:

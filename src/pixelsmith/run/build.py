@@ -1,4 +1,4 @@
-"""Builders of a run's parts from the composed config: the runtime plan, the core settings, the datamodule and the
+"""Builders of a run's parts from the composed config: the hardware settings, the core settings, the datamodule and the
 model. `pixelsmith.run.fit` fits with them; the auto batch size search (`pixelsmith.perf.batch_size`), `evaluate.py`
 and the benchmarks build the same parts the same way. Below `train` and `perf` so both can use them without an
 import circle (tests/test_architecture.py).
@@ -17,7 +17,7 @@ from omegaconf import DictConfig, OmegaConf
 from pixelsmith.core.budget import TimeBudget
 from pixelsmith.core.config import CoreSettings, ScheduleConfig
 from pixelsmith.errors import PixelsmithError
-from pixelsmith.hardware.plan import RuntimePlan, resolve_plan
+from pixelsmith.hardware.settings import HardwareSettings, resolve_hardware_settings
 
 log = logging.getLogger(__name__)
 
@@ -25,42 +25,39 @@ log = logging.getLogger(__name__)
 DATAMODULE_RUN_KEYS = ("accumulate", "max_steps", "seed")
 
 
-def build_plan(cfg: DictConfig) -> RuntimePlan:
-    """The run's RuntimePlan from the composed config (`pixelsmith.hardware.plan.resolve_plan`), after the loop checks.
-    `run()` builds it once and passes it on; nothing else re-reads the hardware profile."""
-    if cfg.max_steps < 1:
-        raise PixelsmithError(f"max_steps={cfg.max_steps} must be at least 1.")
-    if cfg.accumulate < 1:
-        raise PixelsmithError(f"accumulate={cfg.accumulate} must be at least 1 (1 = no accumulation).")
+def resolve_hardware(cfg: DictConfig) -> HardwareSettings:
+    """The run's HardwareSettings from the composed config (`pixelsmith.hardware.settings.resolve_hardware_settings`).
+    `run()` builds it once and passes it on; nothing else re-reads the hardware profile. `max_steps` and `accumulate`
+    are checked once, by config/validate.py's rules at start-up."""
     budget = cfg.train.get("time_budget_minutes")
     if budget is not None and budget <= 0:
         raise PixelsmithError(
             f"train.time_budget_minutes={budget} must be positive; null trains all max_steps iterations."
         )
-    return resolve_plan(
+    return resolve_hardware_settings(
         cfg.hardware, cfg.precision.name, cfg.strategy.name, cfg.strategy.process_group_backend
     )
 
 
-def build_core_settings(cfg: DictConfig, plan: RuntimePlan) -> CoreSettings:
+def build_core_settings(cfg: DictConfig, hardware: HardwareSettings) -> CoreSettings:
     schedule = ScheduleConfig(**OmegaConf.to_container(cfg.schedule, resolve=True))
     run_config = OmegaConf.to_container(cfg, resolve=True)
-    run_config["runtime_plan"] = plan.__dict__.copy()
+    run_config["runtime_plan"] = hardware.__dict__.copy()
     return CoreSettings(
-        precision=plan.precision,
+        precision=hardware.precision,
         accumulate=cfg.accumulate,
         max_steps=cfg.max_steps,
         clip_grad_norm=cfg.train.clip_grad_norm,
         nonfinite_max_consecutive=cfg.train.nonfinite_max_consecutive,
         schedule=schedule,
-        channels_last=plan.channels_last,
-        compile=plan.compile,
-        compile_mode=plan.compile_mode,
-        compile_scope=plan.compile_scope,
-        cuda_graphs=plan.cuda_graphs,
+        channels_last=hardware.channels_last,
+        compile=hardware.compile,
+        compile_mode=hardware.compile_mode,
+        compile_scope=hardware.compile_scope,
+        cuda_graphs=hardware.cuda_graphs,
         seed=cfg.seed,
         log_every_n_steps=cfg.train.log_every_n_steps,
-        optimizer_impl=plan.optimizer_impl,
+        optimizer_impl=hardware.optimizer_impl,
         run_config=run_config,
         # The clock starts here: set-up and the evaluations during training count, the final ones come after.
         time_budget=TimeBudget(cfg.train.get("time_budget_minutes")),
@@ -69,16 +66,16 @@ def build_core_settings(cfg: DictConfig, plan: RuntimePlan) -> CoreSettings:
     )
 
 
-def build_datamodule(cfg: DictConfig, plan: RuntimePlan) -> L.LightningDataModule:
+def build_datamodule(cfg: DictConfig, hardware: HardwareSettings) -> L.LightningDataModule:
     """Instantiate `cfg.data`, passing each key its class declares (so a fork's datamodule takes what it needs)."""
     data = OmegaConf.to_container(cfg.data, resolve=True)
     target = data.pop("_target_")
     data.pop("name", None)
-    data["batch_size"] = data.get("batch_size") or plan.batch_size
+    data["batch_size"] = data.get("batch_size") or hardware.batch_size
     if data.get("num_workers") is None:
-        data["num_workers"] = plan.num_workers
+        data["num_workers"] = hardware.num_workers
     if data.get("pin_memory") is None:
-        data["pin_memory"] = plan.pin_memory
+        data["pin_memory"] = hardware.pin_memory
     cls = _locate(target)
     accepted = _accepted_kwargs(cls)
     unknown = sorted(k for k in data if accepted is not None and k not in accepted)

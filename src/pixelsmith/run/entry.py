@@ -7,7 +7,7 @@ Ctrl-C stopped it at once, without waiting for any clean-up), printing the comma
 and exits with 0 (pixelsmith.run.resume). In a multirun the failing job writes
 `failed.json` in its dir and returns NaN so the other jobs still run; `pixelsmith.reports.sweep_summary` tabulates them at the
 end. A multirun job whose `hardware=auto` was detected on another machine (a SLURM job composed on the login node)
-stops naming the profile to give (`pixelsmith.hardware.plan.check_detected_here`). A run started inside one checkout
+stops naming the profile to give (`pixelsmith.hardware.settings.check_detected_here`). A run started inside one checkout
 with another's code and configs (an installed pixelsmith) says which trees it uses (`pixelsmith.config.paths`).
 """
 
@@ -31,7 +31,7 @@ from omegaconf import DictConfig, OmegaConf
 from pixelsmith.config.paths import describe_trees
 from pixelsmith.core.preemption import RunPreempted, StoppedAtOnce, allow_forced_exit, exit_now
 from pixelsmith.errors import PixelsmithError
-from pixelsmith.hardware.plan import check_detected_here
+from pixelsmith.hardware.settings import check_detected_here
 from pixelsmith.run.launch import global_rank, started_by_lightning_launcher
 from pixelsmith.run.resume import AlreadyFinished, checkpoint_iteration, continue_command
 

@@ -19,9 +19,9 @@ from omegaconf import DictConfig, OmegaConf
 from pixelsmith.callbacks.evaluation import build_gan_metric, generate_into
 from pixelsmith.core.config import CoreSettings
 from pixelsmith.errors import PixelsmithError
-from pixelsmith.hardware.plan import apply_plan
+from pixelsmith.hardware.settings import apply_hardware
 from pixelsmith.parts import contributed
-from pixelsmith.run.build import build_datamodule, build_model, build_plan
+from pixelsmith.run.build import build_datamodule, build_model, resolve_hardware
 from pixelsmith.run.resume import check_resume_path
 
 log = logging.getLogger(__name__)
@@ -86,8 +86,10 @@ def evaluate(cfg: DictConfig) -> dict[str, float]:
     if cfg.precision.name == "auto" and stored.get("runtime_plan"):
         # Evaluate in the precision the run trained (and was evaluated) in, unless told otherwise.
         cfg = OmegaConf.merge(cfg, {"precision": {"name": stored.runtime_plan.precision}})
-    plan = build_plan(cfg)
-    apply_plan(plan)  # the profile's switches (matmul precision, cudnn.benchmark, threads) as in training
+    hardware = resolve_hardware(cfg)
+    apply_hardware(
+        hardware
+    )  # the profile's switches (matmul precision, cudnn.benchmark, threads) as in training
     # Replace, not merge: the composed model node may be another architecture with other keys. A plain
     # (schema-free) copy accepts the stored nodes whatever their shape.
     run_cfg = OmegaConf.create(OmegaConf.to_container(cfg, resolve=True))
@@ -102,11 +104,11 @@ def evaluate(cfg: DictConfig) -> dict[str, float]:
     if run_cfg.model.get("init_from"):
         run_cfg.model.init_from = None  # the checkpoint's own weights are the ones measured
     run_cfg.augment = stored.get("augment")
-    model = build_model(run_cfg, CoreSettings(precision=plan.precision, seed=int(stored.seed)))
+    model = build_model(run_cfg, CoreSettings(precision=hardware.precision, seed=int(stored.seed)))
     model.load_state_dict(checkpoint["state_dict"])
-    device = torch.device(plan.accelerator)
+    device = torch.device(hardware.accelerator)
     model.to(device).eval()
-    datamodule = build_datamodule(run_cfg, plan)
+    datamodule = build_datamodule(run_cfg, hardware)
     datamodule.setup("fit")
     ev = cfg.eval
     metric = build_gan_metric(
@@ -128,7 +130,7 @@ def evaluate(cfg: DictConfig) -> dict[str, float]:
     report = {
         "checkpoint": ckpt_path,
         "model": stored.model.name,
-        "precision": plan.precision,
+        "precision": hardware.precision,
         "metrics": scores,
     }
     (output_dir / "metrics.json").write_text(json.dumps(report, indent=2))

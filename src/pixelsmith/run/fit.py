@@ -1,4 +1,4 @@
-"""Build and fit a run from a composed config: hardware plan -> backend switches -> data -> model -> Trainer.
+"""Build and fit a run from a composed config: hardware settings -> backend switches -> data -> model -> Trainer.
 
 `train.py` at the repository root is a thin Hydra wrapper around `run()`; tests call `run()` with configs composed
 by `hydra.compose` so they exercise the same path as a user.
@@ -26,12 +26,12 @@ from pixelsmith.core.preemption import (
     signal_number,
 )
 from pixelsmith.errors import PixelsmithError
-from pixelsmith.hardware.plan import RuntimePlan, apply_plan
+from pixelsmith.hardware.settings import HardwareSettings, apply_hardware
 from pixelsmith.loggers.csv import align_metrics_with_resume
 from pixelsmith.loggers.run_config import attach_objective, log_run_config
 from pixelsmith.perf import prepare_run as prepare_perf
 from pixelsmith.reports.html import write_run_report
-from pixelsmith.run.build import build_core_settings, build_datamodule, build_model, build_plan
+from pixelsmith.run.build import build_core_settings, build_datamodule, build_model, resolve_hardware
 from pixelsmith.run.launch import die_with_parent, started_by_lightning_launcher, under_slurm_job
 from pixelsmith.run.launch import global_rank as launch_global_rank
 from pixelsmith.run.resume import (
@@ -187,7 +187,7 @@ def _fit(cfg: DictConfig) -> dict[str, Any]:
         die_with_parent()  # rank 0 watches its ranks; this makes them follow rank 0 if it dies
     _quiet_library_logging()
     validate_config(cfg)  # ranges, before anything is written
-    plan = build_plan(cfg)
+    hardware = resolve_hardware(cfg)
     output_dir = Path(cfg.paths.output_dir)
     # Ctrl-C in set-up (or after the last iteration) stops at once; in the loop it ends the iteration and saves.
     with ctrl_c_stops_at_once("SIGINT" in {str(name).upper() for name in cfg.train.preemption.signals}):
@@ -195,13 +195,13 @@ def _fit(cfg: DictConfig) -> dict[str, Any]:
         claim = claim_run_dir(output_dir, cfg.get("ckpt_path"), cfg.train.auto_resume, cfg.train.overwrite)
         try:
             auto_resumed = cfg.get("ckpt_path") is None and claim.ckpt_path is not None
-            return _fit_in(cfg, plan, output_dir, claim.ckpt_path, auto_resumed)
+            return _fit_in(cfg, hardware, output_dir, claim.ckpt_path, auto_resumed)
         finally:
             claim.release()
 
 
 def _fit_in(
-    cfg: DictConfig, plan: RuntimePlan, output_dir: Path, ckpt_path: str | None, auto_resumed: bool
+    cfg: DictConfig, hardware: HardwareSettings, output_dir: Path, ckpt_path: str | None, auto_resumed: bool
 ) -> dict[str, Any]:
     # The resume checkpoint is checked before anything is written: it loads, it is not finished, its weights fit.
     checkpoint = resume_iteration = None
@@ -210,15 +210,15 @@ def _fit_in(
         refuse_converted(ckpt_path, checkpoint)
         ckpt_path, resume_iteration = str(path), int(checkpoint["pixelsmith"].get("iteration", 0))
         check_not_finished(path, resume_iteration, cfg.max_steps, auto_resumed)
-    apply_plan(plan)  # the plan's process-wide switches, the one place they are set
-    if plan.compile:
+    apply_hardware(hardware)  # the hardware settings' process-wide switches, the one place they are set
+    if hardware.compile:
         # Dynamo's caches outlive a run: in an in-process sweep, later jobs' networks would hit the recompile limit
         # and run eager without a word. Each run compiles afresh (inductor's on-disk cache keeps that cheap).
         torch._dynamo.reset()
-    prepare_perf(cfg, plan)  # auto batch size may rewrite cfg.data.batch_size
+    prepare_perf(cfg, hardware)  # auto batch size may rewrite cfg.data.batch_size
     L.seed_everything(cfg.seed, workers=True, verbose=False)
-    core = build_core_settings(cfg, plan)
-    datamodule = build_datamodule(cfg, plan)
+    core = build_core_settings(cfg, hardware)
+    datamodule = build_datamodule(cfg, hardware)
     if checkpoint is not None and cfg.model.get("init_from"):
         # A resume loads the checkpoint's own weights: model.init_from's file is not read again (it may be gone).
         cfg = cfg.copy()
@@ -240,22 +240,22 @@ def _fit_in(
     if launch_global_rank() == 0:
         # Before any logger opens it: metrics.csv holds this run's history up to the resumed iteration only.
         align_metrics_with_resume(output_dir / "metrics.csv", resume_iteration)
-    trainer = build_trainer(cfg, plan)
+    trainer = build_trainer(cfg, hardware)
     marker = output_dir / RUN_MARKER
     claimed_here = trainer.is_global_zero and not marker.exists()
     if trainer.is_global_zero:
         output_dir.mkdir(parents=True, exist_ok=True)
         marker.write_text(OmegaConf.to_yaml(OmegaConf.create(core.run_config)))
         log.info(
-            "Run plan: profile=%s device=%s precision=%s strategy=%s nodes=%d devices=%d batch=%s accumulate=%d "
+            "Hardware settings: profile=%s device=%s precision=%s strategy=%s nodes=%d devices=%d batch=%s accumulate=%d "
             "-> %s",
-            plan.profile,
-            plan.device_name,
-            plan.precision,
-            plan.strategy,
-            plan.num_nodes,
-            plan.devices,
-            cfg.data.batch_size or plan.batch_size,
+            hardware.profile,
+            hardware.device_name,
+            hardware.precision,
+            hardware.strategy,
+            hardware.num_nodes,
+            hardware.devices,
+            cfg.data.batch_size or hardware.batch_size,
             cfg.accumulate,
             output_dir,
         )

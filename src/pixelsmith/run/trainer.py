@@ -17,19 +17,19 @@ from pixelsmith.callbacks.step_results import StepResultsRelease
 from pixelsmith.core.fsdp import MultiNetworkFSDPStrategy
 from pixelsmith.core.strategy import MultiNetworkDDPStrategy
 from pixelsmith.errors import PixelsmithError
-from pixelsmith.hardware.plan import RuntimePlan
+from pixelsmith.hardware.settings import HardwareSettings
 from pixelsmith.perf import build_callbacks as build_perf_callbacks
 
 
-def build_strategy(plan: RuntimePlan, cfg: DictConfig):
+def build_strategy(hardware: HardwareSettings, cfg: DictConfig):
     from datetime import timedelta
 
     # Both without Lightning's wrappers: DDP all-reduces per optimizer step, FSDP2 shards each network
     # (core/strategy.py, core/fsdp.py); Lightning's own FSDPStrategy refuses two optimizers (#19685).
     kinds = {"ddp": MultiNetworkDDPStrategy, "fsdp": MultiNetworkFSDPStrategy}
-    if plan.strategy in kinds:
-        return kinds[plan.strategy](
-            process_group_backend=plan.process_group_backend,
+    if hardware.strategy in kinds:
+        return kinds[hardware.strategy](
+            process_group_backend=hardware.process_group_backend,
             timeout=timedelta(minutes=cfg.strategy.timeout_minutes),
         )
     return "auto"
@@ -75,7 +75,7 @@ def _instantiate_group(node: DictConfig | None) -> list:
     return [instantiate(entry) for entry in node.values() if entry is not None and entry.get("_target_")]
 
 
-def build_trainer(cfg: DictConfig, plan: RuntimePlan) -> L.Trainer:
+def build_trainer(cfg: DictConfig, hardware: HardwareSettings) -> L.Trainer:
     # StepResultsRelease always: without it Lightning converts the last logged progress-bar value with `.item()` at
     # every batch end (a GPU sync per iteration; callbacks/step_results.py).
     callbacks = _instantiate_group(cfg.get("callbacks")) + build_perf_callbacks(cfg) + [StepResultsRelease()]
@@ -90,10 +90,10 @@ def build_trainer(cfg: DictConfig, plan: RuntimePlan) -> L.Trainer:
     if not cfg.train.progress_bar:
         callbacks = [c for c in callbacks if not isinstance(c, ProgressBar)]
     return L.Trainer(
-        accelerator=plan.accelerator,
-        devices=plan.devices,
-        num_nodes=plan.num_nodes,
-        strategy=build_strategy(plan, cfg),
+        accelerator=hardware.accelerator,
+        devices=hardware.devices,
+        num_nodes=hardware.num_nodes,
+        strategy=build_strategy(hardware, cfg),
         precision="32-true",  # mixed precision is run by the TrainingCore (see core/precision.py)
         max_epochs=-1,
         max_steps=-1,  # `max_steps` counts our iterations, enforced by the core (global_step counts optimizer steps)

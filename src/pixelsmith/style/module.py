@@ -103,7 +103,7 @@ class StyleTransferModule(TrainingCore):
         "in the training run's metrics.csv."
     )
     # The step-time breakdown's rows: stylizer and loss-network forward, then the backward split at the stylized image.
-    breakdown_phases = ("style_fwd", "loss_fwd", "loss_bwd", "style_bwd")
+    breakdown_regions = ("style_fwd", "loss_fwd", "loss_bwd", "style_bwd")
     # hardware.cuda_graphs (core/graphs.py): a style iteration is one fixed-shape step of one optimizer with no
     # branch the host takes, so every iteration launches the same kernels and `iteration_plan` is a constant.
     supports_cuda_graphs = True
@@ -197,9 +197,9 @@ class StyleTransferModule(TrainingCore):
         raise NotImplementedError
 
     def split_backward_at(self, stylized: Tensor) -> None:
-        """When a step-time breakdown is attached, switch its phase from `loss_bwd` to `style_bwd` at the moment
+        """When a step-time breakdown is attached, switch its region from `loss_bwd` to `style_bwd` at the moment
         autograd has finished the loss network's backward and reaches `stylized` (one tensor hook, no sync)."""
-        timer = self._phase_timer
+        timer = self._region_timer
         if timer is None or not getattr(timer, "timing", False) or not stylized.requires_grad:
             return
 
@@ -222,7 +222,7 @@ class StyleTransferModule(TrainingCore):
     def train_iteration(self, batch: Any) -> IterationResult:
         images, skipped = batch
         self.count_skipped_files(skipped)
-        with self.phase("h2d"):
+        with self.region("h2d"):
             content = self.prepare_content(images)
             style = self.style_batch(content)
         style_chunks = self.micro_batches(style) if style is not None else [None] * self.core.accumulate
@@ -230,11 +230,11 @@ class StyleTransferModule(TrainingCore):
         for content_chunk, style_chunk in zip(self.micro_batches(content), style_chunks, strict=True):
             terms = self.compute_losses(content_chunk, style_chunk)
             # loss_bwd until autograd reaches the stylized image (`split_backward_at`), style_bwd after it.
-            with self.phase("loss_bwd"):
+            with self.region("loss_bwd"):
                 self.loss_backward(terms.total, self.trained_network)
             for key, value in terms._asdict().items():
                 sums[key] = sums.get(key, 0.0) + value.detach().float() / self.core.accumulate
-        with self.phase("opt_step"):
+        with self.region("opt_step"):
             self.step(self.trained_network)
         return IterationResult(
             content.shape[0], {f"loss/{k}": v for k, v in sums.items() if k in self.logged_terms}
@@ -339,10 +339,10 @@ class FastStyleModule(StyleTransferModule):
         return self.stylizer
 
     def compute_losses(self, content: Tensor, style: Tensor | None):
-        with self.phase("style_fwd"), self.autocast():
+        with self.region("style_fwd"), self.autocast():
             output = self.stylizer(content)
         self.split_backward_at(output)
-        with self.phase("loss_fwd"), self.autocast():
+        with self.region("loss_fwd"), self.autocast():
             return self.criterion(output, content)
 
     def stylize_batch(self, content: Tensor, style_index: list[int]) -> Tensor:
@@ -476,12 +476,12 @@ class AdaINModule(StyleTransferModule):
         return batch
 
     def compute_losses(self, content: Tensor, style: Tensor | None):
-        with self.phase("style_fwd"), self.autocast():
+        with self.region("style_fwd"), self.autocast():
             with torch.no_grad():  # one style pass serves the AdaIN target and the style loss
                 style_features = self.net.encoder(style)
             output, target = self.net.forward_train(content, style, style_features)
         self.split_backward_at(output)
-        with self.phase("loss_fwd"), self.autocast():
+        with self.region("loss_fwd"), self.autocast():
             return self._views["loss"](output, target, style, style_features)
 
     def _full_style(self, index: int) -> Tensor:

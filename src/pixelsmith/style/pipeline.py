@@ -408,7 +408,7 @@ def resolve_precision(precision: str, device: torch.device) -> str:
         return precision
     if device.type == "cuda":
         return "bf16-mixed" if torch.cuda.is_bf16_supported() else "32-true"
-    from pixelsmith.hardware.plan import cpu_prefers_bf16
+    from pixelsmith.hardware.settings import cpu_prefers_bf16
 
     return "bf16-mixed" if device.type == "cpu" and cpu_prefers_bf16() else "32-true"
 

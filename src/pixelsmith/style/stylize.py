@@ -388,8 +388,8 @@ def stylize_shard(
         TimeRemainingColumn,
     )
 
-    from pixelsmith.hardware.plan import compile_cache_dir as resolve_cache_dir
-    from pixelsmith.hardware.plan import use_compile_cache
+    from pixelsmith.hardware.settings import compile_cache_dir as resolve_cache_dir
+    from pixelsmith.hardware.settings import use_compile_cache
 
     device = torch.device(device)
     try:

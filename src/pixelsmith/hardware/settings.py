@@ -1,4 +1,5 @@
-"""Hardware: detect the device, let Hydra compose its profile, resolve the composed config into one plan, apply it.
+"""Hardware: detect the device, let Hydra compose its profile, resolve the composed config into one set of hardware
+settings, apply them.
 
 Each step happens in one place:
 
@@ -10,14 +11,14 @@ Each step happens in one place:
    `--cfg job` prints the settings that run, `hardware.*` keys on the command line (and in `conf/local/`) win over
    the profile's values by ordinary Hydra composition, and a profile of your own on `hydra.searchpath` composes and
    runs like a shipped one.
-2. **One plan.** `resolve_plan` turns the composed `hardware`, `precision` and `strategy` nodes into a frozen
-   `RuntimePlan` (no profile file is read here: the composed node is the profile). An explicit `precision=...` wins
-   over the profile's default precision. Impossible requests (a CUDA profile with no CUDA device, bf16 on a GPU
+2. **One set of hardware settings.** `resolve_hardware_settings` turns the composed `hardware`, `precision` and
+   `strategy` nodes into a frozen `HardwareSettings` (no profile file is read here: the composed node is the
+   profile). An explicit `precision=...` wins over the profile's default precision. Impossible requests (a CUDA profile with no CUDA device, bf16 on a GPU
    without native bf16, NCCL without a GPU, more devices than GPUs) stop here with a HardwareError naming the fix,
    before any data is read or any output is written.
-3. **One application.** `apply_plan` sets the process-wide switches the plan asks for (matmul precision, intra-op
-   threads, cudnn.benchmark, TF32, the CUDA allocator settings and memory fraction); `pixelsmith.run.fit` calls it
-   once per run.
+3. **One application.** `apply_hardware` sets the process-wide switches the hardware settings ask for (matmul
+   precision, intra-op threads, cudnn.benchmark, TF32, the CUDA allocator settings and memory fraction);
+   `pixelsmith.run.fit` calls it once per run.
 """
 
 from __future__ import annotations
@@ -48,9 +49,9 @@ class HardwareError(PixelsmithError, RuntimeError):
 
 
 @dataclass(frozen=True)
-class RuntimePlan:
-    """Where and how to compute: everything the trainer, the training core and `apply_plan` read, resolved once from
-    the composed `hardware`, `precision` and `strategy` groups (`resolve_plan`)."""
+class HardwareSettings:
+    """Where and how to compute: everything the trainer, the training core and `apply_hardware` read, resolved once from
+    the composed `hardware`, `precision` and `strategy` groups (`resolve_hardware_settings`)."""
 
     profile: str  # the composed profile's name (hardware=auto: the detected one)
     accelerator: str  # cpu | cuda | mps
@@ -174,7 +175,7 @@ def profiles_by_gpu(conf_dir: Path | None = None) -> dict[str, str]:
 
 def cuda_profile_for(device_name: str, capability: tuple[int, int], conf_dir: Path | None = None) -> str:
     """Map a CUDA device to the profile whose `expected_gpu` its name contains (the longest such name wins), else by
-    compute capability: 8.0 and newer a100, older v100. `resolve_plan` warns when the profile was made for another
+    compute capability: 8.0 and newer a100, older v100. `resolve_hardware_settings` warns when the profile was made for another
     GPU."""
     upper = device_name.upper()
     matches = [
@@ -307,14 +308,14 @@ def _get(hardware: HardwareConfig | DictConfig, key: str) -> Any:
     return getattr(hardware, key, None)
 
 
-def resolve_plan(
+def resolve_hardware_settings(
     hardware: HardwareConfig | DictConfig,
     precision: str,
     strategy: str,
     process_group_backend: str | None = None,
-) -> RuntimePlan:
+) -> HardwareSettings:
     """Turn the composed `hardware` node (the profile Hydra composed, the user's `hardware.*` keys already on top),
-    `precision` and `strategy` into a RuntimePlan, or stop with a HardwareError. Keys a profile leaves null take the
+    `precision` and `strategy` into a HardwareSettings, or stop with a HardwareError. Keys a profile leaves null take the
     defaults below (a minimal profile of your own: `accelerator: cuda` and a name)."""
     requested = _get(hardware, "name") or "auto"
     accelerator = _get(hardware, "accelerator") or "cpu"
@@ -373,9 +374,7 @@ def resolve_plan(
             "strategy=fsdp on CPU (gloo): this runs the sharded code path for testing; FSDP saves memory only on "
             "GPUs. For speed on CPU use strategy=ddp."
         )
-    devices = _get(hardware, "devices") or 1
-    if devices < 1:
-        raise HardwareError(f"hardware.devices={devices} must be at least 1.")
+    devices = _get(hardware, "devices") or 1  # its range: config/validate.py's rule, at start-up
     num_nodes = _get(hardware, "num_nodes") or 1
     launched = launch_topology()
     if launched is not None:
@@ -435,7 +434,7 @@ def resolve_plan(
         return bool(_get(hardware, key))
 
     num_workers = _get(hardware, "num_workers")
-    return RuntimePlan(
+    return HardwareSettings(
         profile=requested,
         accelerator=accelerator,
         devices=devices,
@@ -505,45 +504,45 @@ def _resolve_precision(precision: str, profile_precision: str | None, accelerato
     return name
 
 
-def apply_plan(plan: RuntimePlan) -> None:
-    """Set the process-wide switches the plan asks for: the one place they are set (`pixelsmith.run.fit` calls it once
+def apply_hardware(hardware: HardwareSettings) -> None:
+    """Set the process-wide switches the hardware settings ask for: the one place they are set (`pixelsmith.run.fit` calls it once
     per run, before data and model; a hand-written loop such as the benchmarks' plain loop calls it too).
 
-    Matmul precision and intra-op threads everywhere; cudnn.benchmark (False for a CPU plan: Lightning's Trainer is
+    Matmul precision and intra-op threads everywhere; cudnn.benchmark (False on a CPU: Lightning's Trainer is
     not given `benchmark`, so it does not set it a second time); on CUDA also TF32, the caching allocator's settings
     (PYTORCH_CUDA_ALLOC_CONF before CUDA's first allocation, the allocator's run-time setter after) and this process's
     memory fraction (its device is LOCAL_RANK's)."""
-    torch.set_float32_matmul_precision(plan.matmul_precision)
-    if plan.compile:
-        use_compile_cache(plan.compile_cache_dir)
-    if plan.num_threads is not None:
+    torch.set_float32_matmul_precision(hardware.matmul_precision)
+    if hardware.compile:
+        use_compile_cache(hardware.compile_cache_dir)
+    if hardware.num_threads is not None:
         # On a shared or oversubscribed CPU, fewer threads than cores can be several times faster: an OpenMP
         # barrier waits for its slowest thread, and a descheduled one stalls every op (README "Style transfer",
         # docs/performance.md).
-        torch.set_num_threads(plan.num_threads)
-    torch.backends.cudnn.benchmark = plan.cudnn_benchmark
-    if plan.accelerator != "cuda":
-        if plan.memory_fraction is not None or plan.cuda_alloc_conf:
+        torch.set_num_threads(hardware.num_threads)
+    torch.backends.cudnn.benchmark = hardware.cudnn_benchmark
+    if hardware.accelerator != "cuda":
+        if hardware.memory_fraction is not None or hardware.cuda_alloc_conf:
             log.info(
                 "hardware.memory_fraction / cuda_alloc_conf apply to CUDA only; on CPU bound the batch by RAM "
                 "with auto_batch.ram_budget_gb."
             )
         return
-    torch.backends.cuda.matmul.allow_tf32 = plan.allow_tf32
-    torch.backends.cudnn.allow_tf32 = plan.allow_tf32
-    if plan.cuda_alloc_conf:
+    torch.backends.cuda.matmul.allow_tf32 = hardware.allow_tf32
+    torch.backends.cudnn.allow_tf32 = hardware.allow_tf32
+    if hardware.cuda_alloc_conf:
         if torch.cuda.is_initialized():
             # Too late for the environment variable; the allocator accepts most keys at run time.
             set_allocator = getattr(torch._C, "_accelerator_setAllocatorSettings", None)
             if set_allocator is not None:  # torch.cuda.memory's wrapper warns (FutureWarning) on torch 2.11
-                set_allocator(plan.cuda_alloc_conf)
+                set_allocator(hardware.cuda_alloc_conf)
             else:
-                torch.cuda.memory._set_allocator_settings(plan.cuda_alloc_conf)
+                torch.cuda.memory._set_allocator_settings(hardware.cuda_alloc_conf)
         else:
-            os.environ["PYTORCH_CUDA_ALLOC_CONF"] = plan.cuda_alloc_conf
-    if plan.memory_fraction is not None:
+            os.environ["PYTORCH_CUDA_ALLOC_CONF"] = hardware.cuda_alloc_conf
+    if hardware.memory_fraction is not None:
         device = int(os.environ.get("LOCAL_RANK", 0))
-        torch.cuda.set_per_process_memory_fraction(plan.memory_fraction, device)
+        torch.cuda.set_per_process_memory_fraction(hardware.memory_fraction, device)
 
 
 COMPILE_CACHE_ENV = "TORCHINDUCTOR_CACHE_DIR"
