@@ -168,17 +168,17 @@ def test_cpu_precision_auto_takes_fp32_where_the_instruction_set_is_capped_below
     with (
         mock.patch("torch.cpu._is_avx512_bf16_supported", return_value=True),
         mock.patch("torch.cpu._is_amx_tile_supported", return_value=False),
-        mock.patch("pixelsmith.hardware.plan.cpu_vendor", return_value="AuthenticAMD"),
+        mock.patch("pixelsmith.hardware.settings.cpu_vendor", return_value="AuthenticAMD"),
     ):
-        assert build_plan(cfg).precision == "32-true"
+        assert resolve_hardware(cfg).precision == "32-true"
     monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", "AVX512_CORE_BF16")  # a cap that keeps bf16
     monkeypatch.delenv("ATEN_CPU_CAPABILITY", raising=False)
     with (
         mock.patch("torch.cpu._is_avx512_bf16_supported", return_value=True),
         mock.patch("torch.cpu._is_amx_tile_supported", return_value=False),
-        mock.patch("pixelsmith.hardware.plan.cpu_vendor", return_value="AuthenticAMD"),
+        mock.patch("pixelsmith.hardware.settings.cpu_vendor", return_value="AuthenticAMD"),
     ):
-        assert build_plan(cfg).precision == "bf16-mixed"
+        assert resolve_hardware(cfg).precision == "bf16-mixed"
 
 
 def _fake_cuda(name: str, capability: tuple[int, int], bf16: bool, count: int = 1, arch_list=None):
