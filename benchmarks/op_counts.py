@@ -131,10 +131,14 @@ def plain_counts(model: str, resolution: int, iterations: int, workdir: Path) ->
 
 def per_iteration(counts: list[int], skip: int = 2) -> dict[str, float]:
     """Mean operations of the iterations after `skip` (lazy state), over whole logging intervals where possible:
-    `all` every iteration, `quiet` those that log nothing, `logging` those that do (1-based multiples of LOG_EVERY)."""
+    `all` every iteration, `quiet` those that log nothing, `logging` those that do (1-based multiples of LOG_EVERY,
+    and the last)."""
     kept = list(enumerate(counts, start=1))[skip:]
-    quiet = [c for i, c in kept if i % LOG_EVERY]
-    logging = [c for i, c in kept if not i % LOG_EVERY]
+    last = len(
+        counts
+    )  # the last iteration logs too (its own values, read at once, and the previous interval's)
+    quiet = [c for i, c in kept if i % LOG_EVERY and i != last]
+    logging = [c for i, c in kept if not i % LOG_EVERY or i == last]
     return {
         "all": statistics.fmean(c for _, c in kept),
         "quiet": statistics.fmean(quiet) if quiet else float("nan"),
