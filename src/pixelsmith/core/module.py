@@ -13,7 +13,8 @@ One iteration, top to bottom (`training_step`):
    outcome goes to the non-finite guard (core/guard.py).
 4. `_end_iteration`: the counter (`self.iteration`; Lightning's `global_step` counts optimizer steps), lr
    schedulers, logging at logging iterations (core/iteration_log.py), the guard's check, and the stop at `max_steps`,
-   the time budget (core/budget.py) or a preemption signal (core/preemption.py).
+   the time budget (core/budget.py) or a preemption signal (core/preemption.py); GPU ranks agree on those
+   without a device read (core/agreement.py).
 
 Around it: per-iteration seeding (core/seeding.py: a resume continues bit for bit), mixed precision with the core's
 own GradScaler (core/precision.py; clipping on unscaled gradients, Lightning #18089), compile of the networks, never
