@@ -46,7 +46,11 @@ TINY = [
 
 
 class WithoutLog:
-    """Mixin: the module's own `self.log` / `self.log_dict` calls record nothing (Lightning's methods untouched)."""
+    """Mixin: the module's own `self.log` / `self.log_dict` calls record nothing (Lightning's methods untouched), and
+    the core's logging iterations neither stage nor hand over values (its `_log_iteration`)."""
+
+    def _log_iteration(self, last: bool) -> None:
+        return None
 
     def log(self, *args, **kwargs) -> None:
         return None
