@@ -103,8 +103,14 @@ class ConsoleMetrics(L.Callback):
         shown = console_metrics(logged)
         if "img/s" in logged:
             shown["img/s"] = f"{float(logged['img/s']):.0f}"
+        # The values are the ones the training core handed over: a logging iteration hands over the previous one's
+        # (read without waiting for the GPU), so the line names the iteration they belong to.
+        if "train/iteration" in logged:
+            iteration = int(float(logged["train/iteration"]))
+        elif hasattr(pl_module, "iteration_log"):
+            return  # the first logging iteration: nothing handed over yet
+        else:
+            iteration = getattr(pl_module, "iteration", trainer.global_step)
         max_steps = getattr(getattr(pl_module, "core", None), "max_steps", None)
-        where = f"Iteration {getattr(pl_module, 'iteration', trainer.global_step)}" + (
-            f"/{max_steps}" if max_steps else ""
-        )
+        where = f"Iteration {iteration}" + (f"/{max_steps}" if max_steps else "")
         log.info("%s: %s", where, "  ".join(f"{k} {v}" for k, v in shown.items()))
