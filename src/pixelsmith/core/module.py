@@ -141,7 +141,11 @@ class TrainingCore(L.LightningModule):
         graphs = self._graphs
         if graphs is not None and self._region_timer is not None:
             graphs.give_up("a profiler (profiler=breakdown|torch) times the phases on the host")
-        with self.startup.first_run(plan, self.device):  # timed once per plan (core/startup.py)
+        # A plan's first run is timed (core/startup.py); every later one pays only this set lookup.
+        timing = (
+            self.startup.first_run(plan, self.device) if self.startup.plan_is_new(plan) else nullcontext()
+        )
+        with timing:
             if graphs is None:
                 result = self._device_iteration(batch)
             else:
