@@ -100,7 +100,7 @@ def test_warn_mode_records_each_sync_and_training_goes_on(make_cfg, tmp_path, ch
     (check,) = checks
     # Two host-decided steps (D, G) per checked iteration (1..4; 0 sets up, 5 is the last). (foreach Adam's own
     # `.item()` on its step counts shows up too: on CPU the counter cannot tell that those live on the host.)
-    decisions = [e for e in check.events if "bool(skip)" in _source_line(e[2])]
+    decisions = [e for e in check.events if "skip.item()" in _source_line(e[2])]
     assert check.checked == 4 and [i for i, _, _ in decisions] == [1, 1, 2, 2, 3, 3, 4, 4]
     # Having waited anyway, the core reads its guard at once; that read is marked deliberate and not reported.
     assert {op for _, op, _ in check.events} == {"aten._local_scalar_dense"}

@@ -8,11 +8,16 @@ half_life_kimg thousand images whatever the batch size.
 from __future__ import annotations
 
 import copy
+import math
 
 import torch
 from torch import Tensor, nn
 
 from pixelsmith.core.precision import NO_FLOAT64_DEVICES
+
+# The longest ramp-up (in iterations) whose betas the graphed path tabulates (8 bytes each on the device); a longer
+# one is computed on the device each iteration.
+MAX_TABLE = 1 << 20
 
 
 class EMA(nn.Module):
@@ -30,6 +35,9 @@ class EMA(nn.Module):
         self.register_buffer(
             "half_life_nimg", torch.tensor(half_life_kimg * 1000.0, dtype=torch.float64), False
         )
+        self._scheduled = False  # a schedule writes the half-life on the device: betas only the device knows
+        # The graphed path's per-iteration betas and weights (`_betas_by_iteration`): key -> (betas, weights).
+        self._tables: dict[tuple, tuple[Tensor, Tensor] | None] = {}
 
     def _apply(self, fn, recurse=True):
         # MPS has no float64: moved to an Apple GPU, the half-life (read only by a CUDA-graph replay) goes float32,
@@ -42,6 +50,7 @@ class EMA(nn.Module):
         """A scheduled half-life (R3GAN's ramps from 0): a float on the host, or a device tensor inside a replay. 0 is
         allowed here (the average then copies G), unlike at construction."""
         if isinstance(value, Tensor):
+            self._scheduled = True
             self.half_life_nimg.copy_(value * 1000.0)
         else:
             self.half_life_kimg = float(value)
@@ -60,13 +69,73 @@ class EMA(nn.Module):
             ema_nimg = min(ema_nimg, images_seen * self.rampup)
         return 0.5 ** (images_per_iteration / max(ema_nimg, 1e-8))
 
+    def _betas_by_iteration(
+        self,
+        images_per_iteration: int,
+        iteration: int,
+        images_seen: int,
+        last_iteration: int,
+        device: torch.device,
+    ) -> tuple[Tensor, bool] | None:
+        """Rows [lerp weight, beta] (float32; the weight is 1 - beta as the eager path's kernel rounds it) for every
+        iteration from 0, computed on the host by `beta` from the host's `iteration` and `images_seen` (later
+        iterations add `images_per_iteration` each: a graphed run's batch is fixed), and whether the table reaches
+        `last_iteration` (no clamp of the index needed). A replay then reads its beta with one index instead of a
+        chain of scalar kernels. None where the device must compute it: a scheduled half-life, or a ramp-up longer
+        than MAX_TABLE iterations."""
+        key = (images_per_iteration, iteration, images_seen, last_iteration, device)
+        if key in self._tables:
+            return self._tables[key]
+        table = None
+        if not self._scheduled and self.rampup:
+            ramp_images = (
+                self.half_life_kimg * 1000.0 / self.rampup
+            )  # images_seen from which beta is constant
+            remaining = max(0.0, ramp_images - images_seen)
+            end = iteration + math.ceil(remaining / images_per_iteration) + 1  # constant from `end` on
+            whole = max(end, last_iteration) <= MAX_TABLE
+            end = max(end, last_iteration) if whole else end
+            if end <= MAX_TABLE:
+                start = max(iteration, 0)
+                betas = [
+                    self.beta(images_per_iteration, images_seen + (k - iteration) * images_per_iteration)
+                    for k in range(start, end + 1)
+                ]
+                betas = [betas[0]] * start + betas  # iterations before this run's start: never read
+                rows = torch.tensor([[1.0 - b, b] for b in betas], dtype=torch.float32)
+                table = (rows.to(device), whole)
+        self._tables = {key: table}  # one at a time: a new run's start replaces it
+        return table
+
     @torch.no_grad()
     def update(
-        self, source: nn.Module, images_per_iteration: int, images_seen: int | Tensor
+        self,
+        source: nn.Module,
+        images_per_iteration: int,
+        images_seen: int | Tensor,
+        iteration_now: Tensor | None = None,
+        host_start: tuple[int, int, int] | None = None,
     ) -> float | Tensor:
-        beta = self.beta(images_per_iteration, images_seen)
+        """Move the average towards `source`; returns this iteration's beta. On the graphed path `images_seen` and
+        `iteration_now` are the device's counters and `host_start` = (iteration, images_seen, last iteration) the
+        host's at the run's start: the beta then comes from a per-iteration table where one applies
+        (`_betas_by_iteration`)."""
         ema_params = list(self.model.parameters())
         src_params = [p.detach() for p in source.parameters()]
+        table = None
+        if isinstance(images_seen, Tensor) and iteration_now is not None and host_start is not None:
+            table = self._betas_by_iteration(images_per_iteration, *host_start, images_seen.device)
+        if table is not None:
+            rows, whole = table
+            # index_select with a one-element index: `rows[0-dim tensor]` would read the index on the host.
+            index = (iteration_now if whole else iteration_now.clamp(max=len(rows) - 1)).reshape(1)
+            weight, beta = rows.index_select(0, index).unbind(1)
+            torch._foreach_lerp_(
+                ema_params, src_params, [weight.reshape(()).expand_as(p) for p in ema_params]
+            )
+            self._copy_buffers(source)
+            return beta.reshape(())
+        beta = self.beta(images_per_iteration, images_seen)
         if isinstance(beta, Tensor):
             # A tensor weight per parameter (the List overload; a lone 0-dim tensor would be read as a host Scalar,
             # a sync that a CUDA graph would bake in). In float32, as the float weight is inside the kernel: both
@@ -75,10 +144,13 @@ class EMA(nn.Module):
             torch._foreach_lerp_(ema_params, src_params, [weight.expand_as(p) for p in ema_params])
         else:
             torch._foreach_lerp_(ema_params, src_params, 1.0 - beta)
+        self._copy_buffers(source)
+        return beta
+
+    def _copy_buffers(self, source: nn.Module) -> None:
         # Buffers (BatchNorm statistics, StyleGAN's w_avg) are copied, as in StyleGAN2-ADA.
         for ema_buf, src_buf in zip(self.model.buffers(), source.buffers(), strict=True):
             ema_buf.copy_(src_buf)
-        return beta
 
     def forward(self, *args, **kwargs):
         return self.model(*args, **kwargs)

@@ -6,7 +6,8 @@ Its state lives on the device (a replayed CUDA graph updates it with no host in 
 - `streaks`: consecutive skips per optimizer (a D that never steps while G does must still stop the run);
 - `trips`: per optimizer, the iteration at which its streak last reached the limit (-1 while it has not).
 
-`record` is a handful of in-place kernels on views of those tensors, whatever the number of parameters. The host
+`record` is a handful of in-place kernels on views of those tensors, whatever the number of parameters, and
+`record_iteration` the same for all optimizers of an iteration at once. The host
 reads them only in `check` (a synchronisation), which the core calls at logging iterations, at the last one, before
 a checkpoint, and in an iteration that already waited for the device.
 """
@@ -18,6 +19,7 @@ from typing import Any
 
 import torch
 
+from pixelsmith.core.precision import NO_FLOAT64_DEVICES
 from pixelsmith.errors import PixelsmithError
 
 log = logging.getLogger(__name__)
@@ -35,6 +37,7 @@ class NonFiniteGuard:
         self._from_host: dict[str, Any] | None = None  # from a checkpoint, until the device state exists
         self._reported = 0  # skipped steps already warned about
         self._checked_at = 0  # the iteration of the last check
+        self._ones: dict[tuple[int, torch.device], torch.Tensor] = {}  # `record_iteration`'s row of ones
 
     def state(self, device: torch.device, names: list[str]) -> dict[str, torch.Tensor]:
         """The device state, made on first use (from a checkpoint's counts where one was loaded) and moved with the
@@ -47,16 +50,21 @@ class NonFiniteGuard:
             names = list(names) or list(streaks)
             # Below the limit (a resume may lower it): such a streak trips at its next skip, where it reaches the limit.
             ceiling = (self.max_consecutive or 2**62) - 1
+            # float32, as the steps' skip flags are (the fused optimizer's found_inf): the updates need no cast.
+            # Counts and streaks are exact to 2^24 skipped steps; the trips hold iteration numbers, exact in float64
+            # (float32 where a device has no float64).
+            wide = torch.float32 if torch.device(device).type in NO_FLOAT64_DEVICES else torch.float64
+            ceiling = min(ceiling, 2**24)
             self._state = {
                 "counts": torch.tensor(
                     [host.get("nonfinite_skipped", 0), host.get("amp_overflow_skipped", 0)],
-                    dtype=torch.long,
+                    dtype=torch.float32,
                     device=device,
                 ),
                 "streaks": torch.tensor(
-                    [min(streaks.get(n, 0), ceiling) for n in names], dtype=torch.long, device=device
+                    [min(streaks.get(n, 0), ceiling) for n in names], dtype=torch.float32, device=device
                 ),
-                "trips": torch.full((len(names),), -1, dtype=torch.long, device=device),
+                "trips": torch.full((len(names),), -1, dtype=wide, device=device),
             }
             self.names = names
             self._from_host = None
@@ -83,13 +91,43 @@ class NonFiniteGuard:
         if amp_overflow is None:
             state["counts"][0].add_(skip)
         else:
-            state["counts"].add_(torch.stack([skip & ~amp_overflow, amp_overflow]))
+            state["counts"].add_(
+                torch.stack([skip - amp_overflow, amp_overflow])
+            )  # 0/1 flags: an overflow is a skip
         streak = state["streaks"][index]
         streak.add_(1).mul_(skip)
         if self.max_consecutive:
-            trip = state["trips"][index]
-            # Python scalars reach the kernels as arguments: no host-to-device copy (which would wait on CUDA).
-            trip.copy_(torch.where(streak == self.max_consecutive, iteration, trip))
+            _mark_trips(streak, self.max_consecutive, iteration, state["trips"][index])
+
+    def record_iteration(
+        self,
+        state: dict[str, torch.Tensor],
+        steps: list[tuple[str, torch.Tensor, torch.Tensor | None]],
+        iteration: int | torch.Tensor,
+    ) -> None:
+        """Count one iteration's steps, [(optimizer, skip, amp_overflow)] in order. Where every optimizer stepped
+        once without fp16 loss scaling (the usual iteration), all of them in five kernels, whatever their number
+        (stack, one matrix-vector add for the count, two for the streaks, one `where` for the trips plus its
+        comparison); otherwise step by step (`record`)."""
+        names = [name for name, _, _ in steps]
+        together = (
+            len(names) > 1
+            and all(overflow is None for _, _, overflow in steps)
+            and sorted(names) == sorted(self.names)
+            and len(set(names)) == len(names)
+        )
+        if not together:
+            for name, skip, overflow in steps:
+                self.record(state, name, skip, overflow, iteration)
+            return
+        skips = torch.stack([steps[names.index(name)][1] for name in self.names])
+        ones = self._ones.get((len(names), skips.device))
+        if ones is None:
+            ones = self._ones[len(names), skips.device] = skips.new_ones(1, len(names))
+        state["counts"][:1].addmv_(ones, skips)  # guard events += the skips' sum, in one kernel
+        state["streaks"].add_(1).mul_(skips)
+        if self.max_consecutive:
+            _mark_trips(state["streaks"], self.max_consecutive, iteration, state["trips"])
 
     def check(self, state: dict[str, torch.Tensor], iteration: int) -> None:
         """Read the device state (a synchronisation) and `check_values` it."""
@@ -129,11 +167,11 @@ class NonFiniteGuard:
 
     def host_state(self, state: dict[str, torch.Tensor]) -> dict[str, Any]:
         """The counts and streaks as Python numbers, for a checkpoint (reads the device)."""
-        counts = state["counts"].tolist()
+        counts = [int(c) for c in state["counts"].tolist()]
         return {
             "nonfinite_skipped": counts[0],
             "amp_overflow_skipped": counts[1],
-            "streaks": dict(zip(self.names, state["streaks"].tolist(), strict=True)),
+            "streaks": dict(zip(self.names, [int(s) for s in state["streaks"].tolist()], strict=True)),
         }
 
     def load_host_state(self, host: dict[str, Any], iteration: int) -> None:
@@ -142,3 +180,16 @@ class NonFiniteGuard:
         self._state = None
         self._reported = host["nonfinite_skipped"] + host["amp_overflow_skipped"]
         self._checked_at = iteration
+
+
+def _mark_trips(
+    streaks: torch.Tensor, limit: int, iteration: int | torch.Tensor, trips: torch.Tensor
+) -> None:
+    """trips = iteration where a streak reached the limit, in place. The device's iteration counter (graphed) goes
+    straight into `trips` (`out=`: no copy kernel); a host number (eager) reaches the kernel as an argument, never as
+    a host-to-device copy (which would wait on CUDA)."""
+    reached = streaks == limit
+    if isinstance(iteration, torch.Tensor):
+        torch.where(reached, iteration, trips, out=trips)
+    else:
+        trips.copy_(torch.where(reached, iteration, trips))

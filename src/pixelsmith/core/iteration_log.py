@@ -134,7 +134,8 @@ class IterationLog:
         device = device_values[0].device
         # float64 holds the counters exactly; an Apple GPU has no float64.
         dtype = torch.float32 if device.type == "mps" else torch.float64
-        stacked = torch.cat([v.to(device=device, dtype=dtype) for v in device_values])
+        # One concatenation (it promotes mixed dtypes itself) and at most one cast: not a cast kernel per value.
+        stacked = torch.cat([v.to(device=device) for v in device_values]).to(dtype)
         if device.type == "cuda":
             buffer = self._pinned_buffer(stacked.numel(), device)
             buffer.copy_(stacked, non_blocking=True)

@@ -105,6 +105,12 @@ class TrainingCore(L.LightningModule):
         self.inductor_cuda_graphs = False
         self._iteration_t: torch.Tensor | None = None
         self._images_seen_t: torch.Tensor | None = None
+        self._counters: torch.Tensor | None = None  # [iteration, images seen]: the two above are views of it
+        # The host's (iteration, images seen, max_steps) when graphs began: the EMA's beta table starts from it.
+        self._graph_start: tuple[int, int, int] | None = None
+        self._counter_steps: dict[int, torch.Tensor] = {}
+        # The optimizer steps' outcomes of the running iteration, for the guard (None outside an iteration).
+        self._guard_steps: list[tuple[str, torch.Tensor, torch.Tensor | None]] | None = None
         # Each optimizer's lazy-regularisation scaling (lr_scale, betas_power), applied to its scheduled values.
         self._lr_scale_and_betas_power: dict[str, tuple[float, float]] = {}
         # Where the start-up went (core/startup.py): compile per network, each plan's first run and capture.
@@ -160,7 +166,12 @@ class TrainingCore(L.LightningModule):
         """The model's iteration and the device half of its end (buffer sync, EMA): what a CUDA graph captures."""
         self.stepper.allreduces = 0
         scheduled = self._apply_schedules()
-        result = self.train_iteration(batch)
+        self._guard_steps = []
+        try:
+            result = self.train_iteration(batch)
+        except BaseException:
+            self._guard_steps = None
+            raise
         if not isinstance(result, IterationResult):
             raise PixelsmithError(
                 f"{type(self).__name__}.train_iteration returned {type(result).__name__}; return "
@@ -174,17 +185,25 @@ class TrainingCore(L.LightningModule):
                 "self.step(name) once after each optimizer's micro-batches."
             )
         images_per_iteration = result.images * self.world_size
+        self._record_guard_steps()
         self._sync_buffers()
         # The EMA ramp-up reads the images seen before this iteration, as StyleGAN2-ADA's training loop (cur_nimg
         # advances after the G_ema update): the first iteration's average is a copy of G. Under CUDA graphs the
         # device's own count, which a replay can read (the host's it cannot).
         images_seen = self.images_seen_now
+        graphed = self._graphs is not None
         for name, ema, source in self._ema_pairs:
             with self.region("ema"):
-                result.logs[f"ema/{name}_beta"] = ema.update(source, images_per_iteration, images_seen)
-        if self._graphs is not None:
-            self._images_seen_t.add_(images_per_iteration)
-            self._iteration_t.add_(1)
+                result.logs[f"ema/{name}_beta"] = ema.update(
+                    source,
+                    images_per_iteration,
+                    images_seen,
+                    self._iteration_t if graphed else None,
+                    self._graph_start if graphed else None,
+                )
+        if graphed:
+            # Both counters in one kernel: [iteration, images seen] += [1, images this iteration].
+            self._counters.add_(self._counter_step(images_per_iteration))
         result.grad_allreduce_calls = self.stepper.allreduces
         result.logs.update(scheduled)
         return result
@@ -194,6 +213,7 @@ class TrainingCore(L.LightningModule):
         so it can run again eagerly: pending backward counts and losses, unscaled-optimizer marks, gradients. A model
         with host state of its own for the iteration extends it (and calls this)."""
         self.stepper.forget()
+        self._guard_steps = None
         scaler = self.mixed_precision.scaler
         if scaler is not None:
             from torch.amp.grad_scaler import _refresh_per_optimizer_state
@@ -388,8 +408,8 @@ class TrainingCore(L.LightningModule):
 
     def step(self, name: str) -> torch.Tensor:
         """All-reduce, unscale, check, clip and apply optimizer `name` (core/stepping.py); the outcome goes to the
-        non-finite guard. Returns a device bool tensor, True where the step was applied: with fused Adam (every
-        hardware profile) the whole step stays on the device."""
+        non-finite guard. Returns the skip flag, a device float: 1.0 where the step was skipped for a non-finite loss or
+        gradient. With fused Adam (every hardware profile) the whole step stays on the device."""
         return self.stepper.step(
             name,
             self._raw_optimizer(name),
@@ -405,9 +425,16 @@ class TrainingCore(L.LightningModule):
         return self.guard.state(self.device, list(self._optimizer_index))
 
     def _record_guard(self, name: str, skip: torch.Tensor, amp_overflow: torch.Tensor | None) -> None:
+        if self._guard_steps is not None:  # inside an iteration: counted together at its end (fewer kernels)
+            self._guard_steps.append((name, skip, amp_overflow))
+            return
         # A replayed graph cannot read self.iteration: there the device's own counter says which iteration.
-        iteration = self.iteration_now
-        self.guard.record(self._guard_state(), name, skip, amp_overflow, iteration)
+        self.guard.record(self._guard_state(), name, skip, amp_overflow, self.iteration_now)
+
+    def _record_guard_steps(self) -> None:
+        steps, self._guard_steps = self._guard_steps, None
+        if steps:
+            self.guard.record_iteration(self._guard_state(), steps, self.iteration_now)
 
     @property
     def nonfinite_skipped(self) -> int:
@@ -555,8 +582,20 @@ class TrainingCore(L.LightningModule):
         device tensors the graphs read, and the iteration number and images seen on the device."""
         self._graphs = CudaGraphSetup(self).start(self.core.cuda_graphs)
         if self._graphs is not None:
-            self._iteration_t = torch.full((), self.iteration, dtype=torch.long, device=self.device)
-            self._images_seen_t = torch.full((), self.images_seen, dtype=torch.long, device=self.device)
+            self._counters = torch.full((2,), self.iteration, dtype=torch.long, device=self.device)
+            self._counters[1].fill_(self.images_seen)
+            self._iteration_t, self._images_seen_t = self._counters[0], self._counters[1]  # views
+            self._graph_start = (self.iteration, self.images_seen, self.core.max_steps)
+            self._counter_steps = {}
+
+    def _counter_step(self, images_per_iteration: int) -> torch.Tensor:
+        """[1, images_per_iteration] on the device, made once per batch size without a host-to-device copy (which
+        would wait for the device)."""
+        step = self._counter_steps.get(images_per_iteration)
+        if step is None:
+            step = torch.arange(2, device=self.device).mul_(images_per_iteration - 1).add_(1)
+            self._counter_steps[images_per_iteration] = step
+        return step
 
     def on_train_batch_start(self, batch: Any, batch_idx: int) -> None:
         seed_iteration(

@@ -26,6 +26,13 @@ def nonfinite(value: torch.Tensor) -> torch.Tensor:
     return value.mul(0).ne(0)
 
 
+def skip_flag(value: torch.Tensor) -> torch.Tensor:
+    """1.0 where `value` is inf or NaN, else 0.0 (or -0.0), in two kernels: x * 0 is zero for finite x and NaN
+    otherwise. A float, because that is what the fused optimizer's `found_inf` and the guard's counters take: no cast
+    kernel between the check and its uses."""
+    return value.mul(0).nan_to_num_(nan=1.0)
+
+
 def global_norm(grads: list[torch.Tensor]) -> torch.Tensor:
     """L2 norm over all gradients as one vector. Sharded (DTensor) gradients give the norm over every rank's
     shard (DTensor reduces the partial norms), so clipping and the finite check agree on all ranks."""
@@ -100,7 +107,7 @@ class OptimizerStepper:
         record: Callable[[str, torch.Tensor, torch.Tensor | None], None],
     ) -> torch.Tensor:
         """All-reduce, unscale, check, clip and apply `opt`; `record(name, skip, amp_overflow)` gets the outcome
-        (the non-finite guard). Returns a device bool tensor, True where the step was applied."""
+        (the non-finite guard). Returns the step's skip flag: a device float, 1.0 where the step was skipped."""
         params = [p for group in opt.param_groups for p in group["params"] if p.requires_grad]
         calls = self.backward_calls.pop(name, 0)
         if sharded and 0 < calls < self.accumulate:
@@ -127,12 +134,12 @@ class OptimizerStepper:
             # The guard tells an fp16 overflow (finite loss, non-finite gradients) from a guard event.
             grads_bad = nonfinite(norm)
             loss_bad = nonfinite(loss_term) if loss_term is not None else torch.zeros_like(grads_bad)
-            skip = loss_bad | grads_bad
-            amp_overflow = grads_bad & ~loss_bad
+            skip = (loss_bad | grads_bad).float()
+            amp_overflow = (grads_bad & ~loss_bad).float()
         else:
             # One check for losses and gradients: the sum is non-finite exactly where either is (a finite norm is far
             # below float32's range: its squares would have overflowed first).
-            skip = nonfinite(norm if loss_term is None else norm + loss_term)
+            skip = skip_flag(norm if loss_term is None else norm + loss_term)
         if self.clip_grad_norm is not None and grads:
             # A non-finite norm is replaced so the clip stays finite; that step is skipped below anyway.
             safe_norm = torch.nan_to_num(norm, nan=0.0, posinf=0.0)
@@ -140,13 +147,13 @@ class OptimizerStepper:
         fused = bool(opt.defaults.get("fused"))
         if fused:
             # The fused kernel skips the update where found_inf is non-zero and takes back its step-count increment.
-            opt.found_inf = skip.float()
+            opt.found_inf = skip
             opt.grad_scale = None  # the gradients are unscaled already
             try:
                 opt.step()
             finally:
                 opt.found_inf = None
-        elif not bool(skip):  # the host decides: the one synchronisation of a non-fused step
+        elif not skip.item():  # the host decides: the one synchronisation of a non-fused step
             opt.step()
         if scaler is not None:
             # update() reads the inf checks unscale_ recorded: an fp16 overflow halves the scale, a good step counts
@@ -156,4 +163,4 @@ class OptimizerStepper:
         opt.zero_grad(set_to_none=True)
         self.last_grad_norm[name] = norm.detach()
         self.host_synced |= not fused
-        return ~skip
+        return skip
