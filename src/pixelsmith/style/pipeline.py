@@ -1,18 +1,31 @@
-"""The stylize pipeline for one device: decode | network | encode, overlapped through bounded queues.
+"""The stylize pipeline for one device: decode | network | download | encode, overlapped.
 
 Per image: decode the file, run the tiled network (`tiling.stylize_tiled`), encode the result. The network runs in
-this process on its device; decoding and encoding run beside it:
+this process on its device; decoding and encoding run beside it. On a CUDA device `run_pipeline` is a software
+pipeline: image i's network is queued on a compute stream of its own, and while the GPU runs it the host decodes
+image i+1 (nvJPEG on a decode stream) and finishes image i-1 (on an encode stream: nvJPEG, or a copy into pinned
+memory for a host encoder thread), so a JPEG folder runs at close to one image per network time. Nothing in the
+loop makes the host wait for the compute stream: stage times come from CUDA events, tile=auto's measurements are
+made once per job, and host tensors are uploaded asynchronously. The streams, events and the reasons for each wait
+are in `overlap` (`CudaStages`); on a CPU the same loop runs through its no-op twin (`HostStages`), one image at a
+time as before, so the CPU tests run the GPU's scheduling code.
+
+Codecs:
 - JPEG on a CUDA device (`jpeg_codec=auto`, or `torchvision` anywhere): torchvision's `decode_jpeg`/`encode_jpeg`,
   which are nvJPEG on CUDA, so the pixels never cross PCIe as raw RGB (an 8K frame is 100 MB raw, ~5 MB as JPEG).
   Why torchvision and not TorchCodec, which torchvision 0.29 points to: TorchCodec's image API needs FFmpeg
   libraries on the machine and has no device JPEG *encoder*; torchvision's functions are still there in 0.29 and
   ship with the torch stack the template already needs. When torchvision removes them, this file is the only place
-  to change. Two reported faults are worked around: the CUDA decoder's output is used only after the current stream
-  has finished it (pytorch/vision#9606), and CUDA encodes run on this process's main thread only, never from a
-  thread pool (#9060, corrupt output under threads). A JPEG the device decoder refuses (CMYK, progressive
-  oddities) is decoded on the host instead, and the run says so once.
-- Every other format (and JPEG on a CPU device): Pillow in a pool of `workers` processes (default: the cores this
-  device's process has, less one on a CPU device, whose network uses them). PNG output takes a compression level
+  to change. Reported faults are worked around: the CUDA decoder writes its output from a stream of its own
+  without waiting for the caller's (pytorch/vision#9606; the pipeline decodes on a dedicated, always-synchronised
+  stream); CUDA encodes run on this process's main thread only, never from a thread pool (#9060, corrupt output
+  under threads); the encoder neither waits for the caller's stream nor copies its bytes out on it
+  (`encode_jpeg_on_device`). A JPEG the device decoder refuses (CMYK, progressive oddities) is decoded on the host
+  instead, and the run says so once.
+- Every other format (and JPEG on a CPU device): Pillow. Decodes run in a pool of `workers` processes (default:
+  the cores this device's process has, less one on a CPU device, whose network uses them). Encodes run there too
+  on a CPU; a GPU's results are encoded by threads of this process (zlib and numpy release the GIL, and a 100 MB
+  result is not pickled to a worker). `workers=0`: both inline. PNG output takes a compression level
   (`png_compress_level`, 0-9, default 6) and an encoder (`png_encoder`): `auto`/`threaded` is `style.png`'s, which
   deflates one image in strips on `png_threads` threads (an 8K frame at level 6 in a fraction of a second on a GPU
   machine's cores, where Pillow takes ~7 s of one core); `fpng` (if installed) is fastest, at one fixed ~level-1
@@ -20,9 +33,10 @@ this process on its device; decoding and encoding run beside it:
   performance.md has the measurements).
 
 At most `depth` decoded images wait for the network and `depth` results wait for their encoder, so memory is
-bounded whatever the folder's size. Writes are atomic (a hidden `.partial` file renamed into place), so a killed
-run leaves only whole images and `overwrite=false` redoes just the missing ones. A file that fails at any stage is
-recorded with its reason and the run goes on; `FolderSummary.failed` names them all.
+bounded whatever the folder's size. Images finish, and are reported, in input order. Writes are atomic (a hidden
+`.partial` file renamed into place), so a killed run leaves only whole images and `overwrite=false` redoes just the
+missing ones. A file that fails at any stage is recorded with its reason and the run goes on;
+`FolderSummary.failed` names them all.
 """
 
 from __future__ import annotations

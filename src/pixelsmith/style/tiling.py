@@ -20,7 +20,7 @@ exactly whole-image inference.
 Pipeline: on a GPU (`pipeline="device"`) the uint8 image is copied to the device once; tiles are cut, blended and
 converted to uint8 there, and the result comes back in one copy. On a CPU (`pipeline="host"`) tiles are read from
 the numpy image as they are needed. Both give the same pixels (tested on CPU). `StageTimes` records where the time
-went: copy in, network, blend, copy out (decode and encode are added by `stylize.py`).
+went: copy in, network, blend, copy out (decode and encode are added by `pipeline.py`).
 """
 
 from __future__ import annotations
