@@ -1,18 +1,31 @@
-"""The stylize pipeline for one device: decode | network | encode, overlapped through bounded queues.
+"""The stylize pipeline for one device: decode | network | download | encode, overlapped.
 
 Per image: decode the file, run the tiled network (`tiling.stylize_tiled`), encode the result. The network runs in
-this process on its device; decoding and encoding run beside it:
+this process on its device; decoding and encoding run beside it. On a CUDA device `run_pipeline` is a software
+pipeline: image i's network is queued on a compute stream of its own, and while the GPU runs it the host decodes
+image i+1 (nvJPEG on a decode stream) and finishes image i-1 (on an encode stream: nvJPEG, or a copy into pinned
+memory for a host encoder thread), so a JPEG folder runs at close to one image per network time. Nothing in the
+loop makes the host wait for the compute stream: stage times come from CUDA events, tile=auto's measurements are
+made once per job, and host tensors are uploaded asynchronously. The streams, events and the reasons for each wait
+are in `overlap` (`CudaStages`); on a CPU the same loop runs through its no-op twin (`HostStages`), one image at a
+time as before, so the CPU tests run the GPU's scheduling code.
+
+Codecs:
 - JPEG on a CUDA device (`jpeg_codec=auto`, or `torchvision` anywhere): torchvision's `decode_jpeg`/`encode_jpeg`,
   which are nvJPEG on CUDA, so the pixels never cross PCIe as raw RGB (an 8K frame is 100 MB raw, ~5 MB as JPEG).
   Why torchvision and not TorchCodec, which torchvision 0.29 points to: TorchCodec's image API needs FFmpeg
   libraries on the machine and has no device JPEG *encoder*; torchvision's functions are still there in 0.29 and
   ship with the torch stack the template already needs. When torchvision removes them, this file is the only place
-  to change. Two reported faults are worked around: the CUDA decoder's output is used only after the current stream
-  has finished it (pytorch/vision#9606), and CUDA encodes run on this process's main thread only, never from a
-  thread pool (#9060, corrupt output under threads). A JPEG the device decoder refuses (CMYK, progressive
-  oddities) is decoded on the host instead, and the run says so once.
-- Every other format (and JPEG on a CPU device): Pillow in a pool of `workers` processes (default: the cores this
-  device's process has, less one on a CPU device, whose network uses them). PNG output takes a compression level
+  to change. Reported faults are worked around: the CUDA decoder writes its output from a stream of its own
+  without waiting for the caller's (pytorch/vision#9606; the pipeline decodes on a dedicated, always-synchronised
+  stream); CUDA encodes run on this process's main thread only, never from a thread pool (#9060, corrupt output
+  under threads); the encoder neither waits for the caller's stream nor copies its bytes out on it
+  (`encode_jpeg_on_device`). A JPEG the device decoder refuses (CMYK, progressive oddities) is decoded on the host
+  instead, and the run says so once.
+- Every other format (and JPEG on a CPU device): Pillow. Decodes run in a pool of `workers` processes (default:
+  the cores this device's process has, less one on a CPU device, whose network uses them). Encodes run there too
+  on a CPU; a GPU's results are encoded by threads of this process (zlib and numpy release the GIL, and a 100 MB
+  result is not pickled to a worker). `workers=0`: both inline. PNG output takes a compression level
   (`png_compress_level`, 0-9, default 6) and an encoder (`png_encoder`): `auto`/`threaded` is `style.png`'s, which
   deflates one image in strips on `png_threads` threads (an 8K frame at level 6 in a fraction of a second on a GPU
   machine's cores, where Pillow takes ~7 s of one core); `fpng` (if installed) is fastest, at one fixed ~level-1
@@ -20,9 +33,10 @@ this process on its device; decoding and encoding run beside it:
   performance.md has the measurements).
 
 At most `depth` decoded images wait for the network and `depth` results wait for their encoder, so memory is
-bounded whatever the folder's size. Writes are atomic (a hidden `.partial` file renamed into place), so a killed
-run leaves only whole images and `overwrite=false` redoes just the missing ones. A file that fails at any stage is
-recorded with its reason and the run goes on; `FolderSummary.failed` names them all.
+bounded whatever the folder's size. Images finish, and are reported, in input order. Writes are atomic (a hidden
+`.partial` file renamed into place), so a killed run leaves only whole images and `overwrite=false` redoes just the
+missing ones. A file that fails at any stage is recorded with its reason and the run goes on;
+`FolderSummary.failed` names them all.
 """
 
 from __future__ import annotations
@@ -34,7 +48,7 @@ import time
 import warnings
 from collections import deque
 from collections.abc import Callable
-from concurrent.futures import Future, ProcessPoolExecutor
+from concurrent.futures import Executor, Future, ProcessPoolExecutor, ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -46,6 +60,7 @@ from torch import Tensor, nn
 
 from pixelsmith.data.decode import quiet_torchvision_io
 from pixelsmith.style.data import ImageData, ImageReadError, read_image
+from pixelsmith.style.overlap import HostStages, stages_for
 from pixelsmith.style.tiling import StageTimes, stylize_tiled
 
 ALPHA_FORMATS = {".png", ".webp", ".tif", ".tiff"}
@@ -97,12 +112,16 @@ def decode_jpeg_nvimgcodec(source: Path, device: torch.device) -> Tensor:
     if decoder is None:
         decoder = _nvimgcodec_decoders[index] = nvimgcodec.Decoder(device_id=index)
     params = nvimgcodec.DecodeParams(apply_exif_orientation=True, color_spec=nvimgcodec.ColorSpec.RGB)
-    image = decoder.decode(source.read_bytes(), params=params)
+    stream = torch.cuda.current_stream(device)
+    # Ordered on the caller's current stream (the folder pipeline's decode stream), not on the legacy default one.
+    image = decoder.decode(source.read_bytes(), params=params, cuda_stream=stream.cuda_stream)
     if image is None:
         raise ImageReadError(f"{source}: nvImageCodec could not decode it")
-    pixels = torch.as_tensor(image, device=device)
-    # As with nvJPEG (pytorch/vision#9606): the decode ran on the codec's stream; wait for it before the network reads.
-    torch.cuda.current_stream(device).synchronize()
+    # Copied into memory of torch's caching allocator: nvImageCodec's own buffer would be freed with the image
+    # object, whatever the device still has queued on it, where an allocator block waits for its streams.
+    pixels = torch.as_tensor(image, device=device).clone()
+    # As with nvJPEG (pytorch/vision#9606): wait for the decode before the network reads it.
+    stream.synchronize()
     if pixels.dim() != 3 or pixels.shape[2] != 3:
         raise ImageReadError(f"{source}: decoded to shape {tuple(pixels.shape)}, not (H, W, 3)")
     return pixels
@@ -167,11 +186,7 @@ def save_image(
     """Write an image atomically (written next to its name, then renamed): PNG with `png_encoder` (`png_bytes`),
     everything else with Pillow. png_threads: threads for one PNG (None: this process's cores)."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    if alpha is not None and path.suffix.lower() not in ALPHA_FORMATS:
-        warnings.warn(
-            f"{path}: {path.suffix} cannot store transparency; the alpha channel was dropped.", stacklevel=2
-        )
-        alpha = None
+    alpha = storable_alpha(alpha, path, stacklevel=3)
     if path.suffix.lower() == ".png":
         data = png_bytes(rgb, alpha, icc_profile, png_compress_level, png_encoder, png_threads)
         if data is not None:
@@ -192,6 +207,17 @@ def save_image(
         os.replace(partial, path)
     finally:
         partial.unlink(missing_ok=True)
+
+
+def storable_alpha(alpha: np.ndarray | None, path: Path, stacklevel: int = 2) -> np.ndarray | None:
+    """`alpha`, or None with a warning where `path`'s format cannot store transparency."""
+    if alpha is not None and path.suffix.lower() not in ALPHA_FORMATS:
+        warnings.warn(
+            f"{path}: {path.suffix} cannot store transparency; the alpha channel was dropped.",
+            stacklevel=stacklevel,
+        )
+        return None
+    return alpha
 
 
 def write_bytes_atomically(data: bytes, path: Path) -> None:
@@ -230,7 +256,11 @@ def jpeg_with_icc_profile(jpeg: bytes, icc_profile: bytes | None) -> bytes:
 
 
 def decode_jpeg_on_device(source: Path, device: torch.device) -> Tensor:
-    """(H, W, 3) uint8 on `device`: nvJPEG on CUDA, libjpeg-turbo on a CPU, EXIF orientation applied."""
+    """(H, W, 3) uint8 on `device`: nvJPEG on CUDA, libjpeg-turbo on a CPU, EXIF orientation applied.
+
+    On CUDA the decode is complete on return: the caller's current stream is synchronised (pytorch/vision#9606: the
+    decoder writes from a stream of its own). The folder pipeline makes a dedicated decode stream current for this,
+    so the wait covers the decode only (`overlap.CudaStages`)."""
     from torchvision.io import ImageReadMode, decode_jpeg, read_file
 
     with quiet_torchvision_io():
@@ -244,11 +274,22 @@ def decode_jpeg_on_device(source: Path, device: torch.device) -> Tensor:
 
 
 def encode_jpeg_on_device(result: Tensor, target: Path, icc_profile: bytes | None) -> None:
-    """Encode an (H, W, 3) uint8 tensor where it is (nvJPEG on CUDA) and write it atomically. Main thread only."""
+    """Encode an (H, W, 3) uint8 tensor where it is (nvJPEG on CUDA) and write it atomically. Main thread only
+    (pytorch/vision#9060: corrupt output from threads).
+
+    On CUDA, torchvision's encoder reads its input on a stream of its own without waiting for the caller's, and
+    copies the encoded bytes out on the legacy default stream: the input is made complete first (the current
+    stream is synchronised) and the bytes are read only after that default stream has copied them (the folder
+    pipeline runs its networks on a stream of their own, so neither wait covers a later image's network)."""
     from torchvision.io import encode_jpeg
 
+    planar = result.permute(2, 0, 1).contiguous()
+    if planar.is_cuda:
+        torch.cuda.current_stream(planar.device).synchronize()
     with quiet_torchvision_io():
-        encoded = encode_jpeg(result.permute(2, 0, 1).contiguous(), quality=JPEG_QUALITY)
+        encoded = encode_jpeg(planar, quality=JPEG_QUALITY)
+    if encoded.is_cuda:
+        torch.cuda.default_stream(encoded.device).synchronize()
     write_bytes_atomically(jpeg_with_icc_profile(encoded.cpu().numpy().tobytes(), icc_profile), target)
 
 
@@ -285,6 +326,26 @@ def encode_on_host(
         warnings.simplefilter("always")
         save_image(rgb, alpha, target, icc_profile, png_compress_level, png_encoder, png_threads)
     return time.perf_counter() - start, [(str(w.message), w.category) for w in caught]
+
+
+def encode_in_thread(
+    stages: HostStages,
+    ready: Any,
+    rgb: np.ndarray,
+    alpha: np.ndarray | None,
+    icc_profile: bytes | None,
+    target: Path,
+    png_compress_level: int,
+    png_encoder: str = "auto",
+    png_threads: int | None = None,
+) -> float:
+    """Run in an encoder thread of this process: wait for the download `ready`, write the image; the seconds the
+    write took. The caller has dropped an alpha the format cannot store (`storable_alpha`), so this raises no
+    warning: recording warnings (`encode_on_host`) swaps process-wide state, which threads would corrupt."""
+    stages.wait_ready(ready)
+    start = time.perf_counter()
+    save_image(rgb, alpha, target, icc_profile, png_compress_level, png_encoder, png_threads)
+    return time.perf_counter() - start
 
 
 def rewarn(caught: list[tuple[str, type[Warning]]]) -> None:
@@ -529,6 +590,41 @@ class _Failure:
     error: BaseException
 
 
+@dataclass
+class _Image:
+    """One image on its way through the pipeline: decoded, its network queued, finished."""
+
+    source: Path
+    target: Path
+    pending: Any  # its decode: a Future, or "device" / "host" (decoded in this process when its turn comes)
+    pixels: np.ndarray | Tensor | None = None
+    alpha: np.ndarray | None = None
+    icc_profile: bytes | None = None
+    pixel_count: int = 0
+    error: BaseException | None = None  # kept until the image's turn to finish: files are reported in order
+    result: np.ndarray | Tensor | None = None
+    done: Any = None  # the mark of its network's completion (`HostStages.record_done`)
+    timer: StageTimes | None = None
+    encode_on_device: bool = False
+
+
+@dataclass
+class _Encoding:
+    """A host encode in flight, in a codec process or an encoder thread."""
+
+    image: _Image
+    future: Future
+    keep: Any = (
+        None  # the downloaded pixels (pinned memory on CUDA), alive until the encoder is done with them
+    )
+    threaded: bool = False
+
+
+# What one file can fail with (unreadable, too small, a network that cannot take it, a failed write): the file is
+# named in the summary and the run goes on.
+FILE_ERRORS = (ImageReadError, OSError, ValueError, RuntimeError)
+
+
 def run_pipeline(
     stylizer: nn.Module,
     pairs: list[tuple[Path, Path]],
@@ -541,9 +637,16 @@ def run_pipeline(
     on_image_done: Callable[[Path, Path | None], None] | None = None,
     on_tiles_done: Callable[[int, int], None] | None = None,
     failures: list[_Failure] | None = None,
+    stages: HostStages | None = None,
 ) -> FolderSummary:
     """Stylize `pairs` (source, target) on `device`; returns this device's summary. `failures` (optional) receives
-    each failed file with its exception, for callers that re-raise (a single input file)."""
+    each failed file with its exception, for callers that re-raise (a single input file). `stages`: the device's
+    streams and events (default `overlap.stages_for(device)`; the tests pass stand-ins that record the schedule).
+
+    The schedule (module docstring): per image, prepare (decode), launch (queue the network), finish (download and
+    encode, or nvJPEG). With `stages.lag` 1 (CUDA) image i is launched before image i+1 is prepared and image i-1
+    finished; with lag 0 (a CPU) each image is finished right after its network, as the sequential loop did. Images
+    finish, and `on_image_done` is called, in input order, a failed image in its turn."""
     times = times if times is not None else StageTimes()
     options.precision = resolve_precision(options.precision, device)
     compiled = compile_tiles(options.compile, device, len(pairs))
@@ -551,23 +654,35 @@ def run_pipeline(
         options.jpeg_codec == "auto" and device.type == "cuda"
     )
     keep_alpha = options.transparency != "drop"
-    # Up to `depth` PNGs are encoded at once (one per codec worker), each over its share of the cores; inline (no
-    # pool), the one encode takes them all.
-    png_threads = options.png_threads or max(1, _cores() // (depth if pool is not None else 1))
+    stages = stages if stages is not None else stages_for(device)
+    # A GPU's results are encoded on the host by threads of this process: zlib and numpy release the GIL, and a 100 MB
+    # result is not pickled to a worker. On a CPU they go to the codec processes, as this process's cores run the
+    # network. No pool (workers=0): inline.
+    threads = (
+        ThreadPoolExecutor(max_workers=depth, thread_name_prefix="pixelsmith-encode")
+        if stages.threaded_encodes and pool is not None
+        else None
+    )
+    encoder: Executor | None = threads if threads is not None else pool
+    # Up to `depth` PNGs are encoded at once, each over its share of the cores; inline, the one encode takes them all.
+    png_threads = options.png_threads or max(1, _cores() // (depth if encoder is not None else 1))
     summary = FolderSummary(devices=[str(device)])
     start = time.perf_counter()
-    waiting: deque[tuple[Path, Path, Any]] = deque()  # (source, target, Future | result | "device")
-    encoding: deque[tuple[Path, Path, Future]] = deque()
+    waiting: deque[_Image] = deque()  # decodes submitted ahead, at most `depth`
+    launched: deque[_Image] = deque()  # networks queued and not finished, at most `stages.lag` between images
+    encoding: deque[_Encoding] = deque()  # host encodes in flight, at most `depth`: memory stays bounded
     upcoming = iter(pairs)
     noted: set[str] = set()
+    plan_cache: dict[
+        tuple, float
+    ] = {}  # tile=auto's measurements: made on the first image, reused by the rest
+    pixels_of: dict[str, int] = {}
 
     def note(message: str) -> None:
         if message not in noted:
             noted.add(message)
             summary.notes.append(message)
             print(message, file=sys.stderr)
-
-    pixels_of: dict[str, int] = {}
 
     def fail(source: Path, error: BaseException, counted: bool = False) -> None:
         summary.failed[str(source)] = f"{type(error).__name__}: {error}"
@@ -583,123 +698,196 @@ def run_pipeline(
             return
         source, target = pair
         if device_jpeg and source.suffix.lower() in JPEG_SUFFIXES:
-            waiting.append((source, target, "device"))  # decoded on the device when its turn comes
+            pending: Any = "device"
         elif pool is None:
-            waiting.append((source, target, decode_on_host(source, keep_alpha, options.high_bit_depth)))
+            pending = "host"
         else:
-            waiting.append(
-                (source, target, pool.submit(decode_on_host, source, keep_alpha, options.high_bit_depth))
-            )
+            pending = pool.submit(decode_on_host, source, keep_alpha, options.high_bit_depth)
+        waiting.append(_Image(source, target, pending))
 
-    def finish_oldest_encode() -> None:
-        source, target, future = encoding.popleft()
-        try:
-            seconds, messages = future.result()
-        except Exception as error:  # noqa: BLE001  (a write that failed: named, the rest go on)
-            fail(source, error, counted=True)
-            summary.written.remove(str(target))
-            summary.pixels -= pixels_of.pop(str(target), 0)
-            return
-        times.encode += seconds
-        rewarn(messages)
-
-    for _ in range(depth if pool is not None else 1):
-        queue_next()
-    while waiting:
-        source, target, pending = waiting.popleft()
-        queue_next()  # keep `depth` decodes in flight while this image is stylized
+    def decode(item: _Image) -> None:
+        source = item.source
         icc_profile = None
-        try:
-            if pending == "device":
-                decode_start = time.perf_counter()
-                try:
+        if isinstance(item.pending, str) and item.pending == "device":
+            decode_start = time.perf_counter()
+            try:
+                with stages.decode():  # CUDA: on the decode stream, waited for alone (pytorch/vision#9606)
                     if options.jpeg_codec == "nvimgcodec":
                         pixels: np.ndarray | Tensor = decode_jpeg_nvimgcodec(source, device)
                     else:
                         pixels = decode_jpeg_on_device(source, device)
-                    alpha = None
-                    with Image.open(source) as header:  # the colour profile: the device decoder drops it
-                        icc_profile = header.info.get("icc_profile")
-                except (RuntimeError, ImageReadError) as error:
-                    note(
-                        f"note: the device JPEG decoder refused {source.name} ({error}); decoded on the host instead"
-                    )
-                    image, _, messages = decode_on_host(source, keep_alpha, options.high_bit_depth)
-                    rewarn(messages)
-                    if isinstance(image, ImageReadError):
-                        raise image from None
-                    pixels, alpha, icc_profile = image.rgb, image.alpha, image.icc_profile
-                times.decode += time.perf_counter() - decode_start
-            else:
-                image, seconds, messages = pending.result() if isinstance(pending, Future) else pending
-                times.decode += seconds
+                alpha = None
+                with Image.open(source) as header:  # the colour profile: the device decoder drops it
+                    icc_profile = header.info.get("icc_profile")
+            except (RuntimeError, ImageReadError) as error:
+                note(
+                    f"note: the device JPEG decoder refused {source.name} ({error}); decoded on the host instead"
+                )
+                image, _, messages = decode_on_host(source, keep_alpha, options.high_bit_depth)
                 rewarn(messages)
                 if isinstance(image, ImageReadError):
-                    raise image
-                if image.alpha is not None and options.transparency == "refuse":
-                    raise ImageReadError(
-                        f"{source} has an alpha channel and transparency=refuse; use keep or drop."
-                    )
+                    raise image from None
                 pixels, alpha, icc_profile = image.rgb, image.alpha, image.icc_profile
-            height, width = pixels.shape[:2]
-            if min(height, width) < MIN_SIDE:
-                raise ImageReadError(
-                    f"{source} is {width}x{height}: too small to stylize (at least {MIN_SIDE} px a side)."
-                )
-            encode_on_device = device_jpeg and target.suffix.lower() in JPEG_SUFFIXES and alpha is None
-            result = stylize_tiled(
-                stylizer,
-                pixels,
-                tile=options.tile,
-                overlap=options.overlap,
-                batch_size=options.tile_batch,
-                thumbnail_size=options.thumbnail,
-                precision=options.precision,
-                device=device,
-                on_tiles_done=on_tiles_done,
-                memory_fraction=options.memory_fraction,
-                times=times,
-                return_tensor=encode_on_device,
-                compile=compiled,
-                compile_mode=options.compile_mode,
-                # oneDNN ran this network 1.3x slower in channels_last than NCHW on a CPU (2K, fp32); cuDNN wants it.
-                channels_last=device.type == "cuda",
-            )
-            del pixels
-            if encode_on_device:
-                encode_start = time.perf_counter()
-                encode_jpeg_on_device(result, target, icc_profile)  # this thread: pytorch/vision#9060
-                times.encode += time.perf_counter() - encode_start
+            times.decode += time.perf_counter() - decode_start
+        else:
+            if isinstance(item.pending, Future):
+                image, seconds, messages = item.pending.result()
             else:
-                if isinstance(result, Tensor):
-                    result = result.cpu().numpy()
+                image, seconds, messages = decode_on_host(source, keep_alpha, options.high_bit_depth)
+            times.decode += seconds
+            rewarn(messages)
+            if isinstance(image, ImageReadError):
+                raise image
+            if image.alpha is not None and options.transparency == "refuse":
+                raise ImageReadError(
+                    f"{source} has an alpha channel and transparency=refuse; use keep or drop."
+                )
+            pixels, alpha, icc_profile = image.rgb, image.alpha, image.icc_profile
+        height, width = pixels.shape[:2]
+        if min(height, width) < MIN_SIDE:
+            raise ImageReadError(
+                f"{source} is {width}x{height}: too small to stylize (at least {MIN_SIDE} px a side)."
+            )
+        item.pixels = stages.decoded(pixels)
+        item.alpha, item.icc_profile, item.pixel_count = alpha, icc_profile, height * width
+
+    def prepare() -> _Image | None:
+        """The next image, decoded (or holding the error that stopped it)."""
+        if not waiting:
+            return None
+        item = waiting.popleft()
+        queue_next()  # keep `depth` decodes in flight while this image waits and the device works
+        try:
+            decode(item)
+        except FILE_ERRORS as error:
+            item.error = error
+        return item
+
+    def launch(item: _Image) -> None:
+        """Queue the image's network (on a CPU: run it)."""
+        if item.error is not None:
+            return
+        item.encode_on_device = (
+            device_jpeg and item.target.suffix.lower() in JPEG_SUFFIXES and item.alpha is None
+        )
+        item.timer = stages.timer()
+        try:
+            with stages.compute():
+                item.result = stylize_tiled(
+                    stylizer,
+                    item.pixels,
+                    tile=options.tile,
+                    overlap=options.overlap,
+                    batch_size=options.tile_batch,
+                    thumbnail_size=options.thumbnail,
+                    precision=options.precision,
+                    device=device,
+                    on_tiles_done=on_tiles_done,
+                    memory_fraction=options.memory_fraction,
+                    times=item.timer,
+                    return_tensor=item.encode_on_device or stages.results_on_device,
+                    compile=compiled,
+                    compile_mode=options.compile_mode,
+                    # oneDNN ran this network 1.3x slower in channels_last than NCHW on a CPU (2K, fp32); cuDNN wants it.
+                    channels_last=device.type == "cuda",
+                    plan_cache=plan_cache,
+                )
+                item.done = stages.record_done()
+        except FILE_ERRORS as error:
+            # One bad file must not abort a folder: recorded, named in the summary, the exit status says so.
+            item.error = error
+        finally:
+            item.pixels = None  # on CUDA the allocator keeps its memory until the queued network has read it
+
+    def finish(item: _Image) -> None:
+        """Encode the image (nvJPEG here, or a host encoder), count it, report it."""
+        if item.error is not None:
+            fail(item.source, item.error)
+            return
+        source, target = item.source, item.target
+        try:
+            if item.encode_on_device:
+                with stages.encode(item.done, item.result):
+                    encode_start = time.perf_counter()
+                    encode_jpeg_on_device(
+                        item.result, target, item.icc_profile
+                    )  # this thread: pytorch/vision#9060
+                    times.encode += time.perf_counter() - encode_start
+                stages.collect(item.timer, times)
+            else:
                 while len(encoding) >= depth:
                     finish_oldest_encode()
-                arguments = (
-                    result,
-                    alpha,
-                    icc_profile,
-                    target,
-                    options.png_compress_level,
-                    options.png_encoder,
-                    png_threads,
-                )
-                if pool is None:
-                    seconds, messages = encode_on_host(*arguments)
+                rgb, keep, ready = stages.download(item.result, item.done, item.timer)
+                settings = (options.png_compress_level, options.png_encoder, png_threads)
+                if encoder is None:
+                    stages.wait_ready(ready)
+                    seconds, messages = encode_on_host(rgb, item.alpha, item.icc_profile, target, *settings)
                     times.encode += seconds
                     rewarn(messages)
+                    stages.collect(item.timer, times)
+                elif threads is not None:
+                    alpha = storable_alpha(item.alpha, target)  # warned here: the thread records no warnings
+                    future = threads.submit(
+                        encode_in_thread, stages, ready, rgb, alpha, item.icc_profile, target, *settings
+                    )
+                    encoding.append(_Encoding(item, future, keep, threaded=True))
                 else:
-                    encoding.append((source, target, pool.submit(encode_on_host, *arguments)))
+                    future = encoder.submit(
+                        encode_on_host, rgb, item.alpha, item.icc_profile, target, *settings
+                    )
+                    encoding.append(_Encoding(item, future, keep))
             summary.written.append(str(target))
-            summary.pixels += height * width
-            pixels_of[str(target)] = height * width
+            summary.pixels += item.pixel_count
+            pixels_of[str(target)] = item.pixel_count
             if on_image_done is not None:
                 on_image_done(source, target)
-        except (ImageReadError, OSError, ValueError, RuntimeError) as error:
-            # One bad file must not abort a folder: recorded, named in the summary, the exit status says so.
+        except FILE_ERRORS as error:
             fail(source, error)
-    while encoding:
-        finish_oldest_encode()
+        finally:
+            item.result = None
+
+    def finish_oldest_encode() -> None:
+        encode = encoding.popleft()
+        item = encode.image
+        try:
+            outcome = encode.future.result()
+        except Exception as error:  # noqa: BLE001  (a write that failed: named, the rest go on)
+            fail(item.source, error, counted=True)
+            summary.written.remove(str(item.target))
+            summary.pixels -= pixels_of.pop(str(item.target), 0)
+            return
+        finally:
+            encode.keep = None
+            stages.collect(item.timer, times)
+        if encode.threaded:
+            times.encode += outcome
+        else:
+            seconds, messages = outcome
+            times.encode += seconds
+            rewarn(messages)
+
+    def finish_launched(keep: int) -> None:
+        while len(launched) > keep:
+            finish(launched.popleft())
+
+    try:
+        for _ in range(depth if pool is not None else 1):
+            queue_next()
+        item = prepare()
+        while item is not None:
+            launch(item)
+            launched.append(item)
+            if not stages.lag:
+                finish_launched(0)  # the network has run: finished before the next decode, as one loop would
+            item = prepare()  # decoded while the device runs the networks queued
+            finish_launched(stages.lag)
+        finish_launched(0)
+        while encoding:
+            finish_oldest_encode()
+    finally:
+        if threads is not None:
+            threads.shutdown(wait=True, cancel_futures=True)
+        stages.close()
     summary.wall_seconds = time.perf_counter() - start
     summary.stage_seconds = {name: round(value, 4) for name, value in asdict(times).items()}
     return summary

@@ -277,8 +277,9 @@ def stylize_paths(
     tile/overlap/tile_batch/thumbnail/memory_fraction: see `tiling.stylize_tiled` (tile="auto" picks the largest
     tile the free memory holds, the whole image when it fits). precision: 32-true | bf16-mixed | 16-mixed.
     high_bit_depth: convert | refuse. transparency: keep | drop | refuse.
-    prefetch: with a folder, decode upcoming files and encode finished ones in codec worker processes while the
-    network runs (`pipeline.run_pipeline`); false: one stage after the other in this process.
+    prefetch: with a folder, decode upcoming files and encode finished ones in codec worker processes (a GPU's
+    encodes in threads of this process) while the network runs (`pipeline.run_pipeline`); false: decode and encode
+    inline in this process.
     workers: codec processes (default: this process's cores, less one on a CPU device; 0: inline).
     png_compress_level: 0-9 for PNG outputs. jpeg_codec: auto (the device's nvJPEG on CUDA, Pillow otherwise) | pil
     | torchvision (torchvision's decode_jpeg/encode_jpeg on the run's device, libjpeg-turbo on a CPU).
@@ -562,7 +563,7 @@ Options (key=value, defaults in brackets):
   progress        true | false: show progress bars [true]
   memory_fraction share of the free GPU memory tile=auto may plan for [0.9]
   prefetch        true | false: with a folder, decode upcoming images and encode finished ones in worker
-                  processes while the network runs [true]
+                  processes (on a GPU, encodes in threads) while the network runs [true]
   devices         N | all: one process per device (cuda:0..N-1; with device=cpu, N CPU processes), the
                   files split between them; torchrun --nproc-per-node N works too [1]
   workers         codec worker processes per device, or auto: the cores per device, less one on a CPU [auto]

@@ -20,7 +20,7 @@ exactly whole-image inference.
 Pipeline: on a GPU (`pipeline="device"`) the uint8 image is copied to the device once; tiles are cut, blended and
 converted to uint8 there, and the result comes back in one copy. On a CPU (`pipeline="host"`) tiles are read from
 the numpy image as they are needed. Both give the same pixels (tested on CPU). `StageTimes` records where the time
-went: copy in, network, blend, copy out (decode and encode are added by `stylize.py`).
+went: copy in, network, blend, copy out (decode and encode are added by `pipeline.py`).
 """
 
 from __future__ import annotations
@@ -417,7 +417,11 @@ def plan_tiles(
 
 @dataclass
 class StageTimes:
-    """Seconds per stage of one or more stylized images (device work is synchronised at each stage's end)."""
+    """Seconds per stage of one or more stylized images. Timed here, on CUDA the device work is synchronised at each
+    stage's end (`stylize_tiled` does that only when given a StageTimes). The folder pipeline on CUDA never waits
+    for a stage: its copy in, network, blend and copy out come from CUDA events read once each image is finished
+    (`overlap.EventStageTimes`), its decode and encode are the host's wall time of those calls, and since the stages
+    of consecutive images overlap, their sum exceeds the wall time."""
 
     decode: float = 0.0
     copy_in: float = 0.0
@@ -518,14 +522,22 @@ def to_uint8(x: Tensor) -> Tensor:
 # -------------------------------------------------------------------------------------------- tiled stylize
 
 
+def upload(tensor: Tensor, device: torch.device) -> Tensor:
+    """`tensor` on `device`. A host tensor goes to a CUDA device from pinned memory, asynchronously: an ordinary
+    (blocking) host-to-device copy synchronises its stream, so it would wait for every network queued before it."""
+    if device.type == "cuda" and tensor.device.type == "cpu":
+        return tensor.pin_memory().to(device, non_blocking=True)
+    return tensor.to(device)
+
+
 def read_tile_tensor(image: Tensor, y: int, x: int, height: int, width: int) -> Tensor:
     """`read_tile` for an (H, W, 3) uint8 tensor already on the device: the same pixels, cut on the device."""
     rows = _reflect_indices(y, height, image.shape[0])
     cols = _reflect_indices(x, width, image.shape[1])
     if isinstance(rows, np.ndarray):
-        rows = torch.as_tensor(rows, device=image.device)
+        rows = upload(torch.from_numpy(rows), image.device)
     if isinstance(cols, np.ndarray):
-        cols = torch.as_tensor(cols, device=image.device)
+        cols = upload(torch.from_numpy(cols), image.device)
     patch = image[rows][:, cols] if isinstance(rows, Tensor) else image[rows, cols]
     return patch.permute(2, 0, 1).float().div_(255.0)
 
@@ -551,6 +563,7 @@ def stylize_tiled(
     return_tensor: bool = False,
     compile: bool = False,
     compile_mode: str = "default",
+    plan_cache: dict[tuple, float] | None = None,
 ) -> np.ndarray | Tensor:
     """Stylize an (H, W, 3) uint8 image of any size with overlapping tiles; returns (H, W, 3) uint8.
 
@@ -577,6 +590,9 @@ def stylize_tiled(
       its own tiles, exactly as without compile. Torch's recompile limit (a count over the images seen) then never
       decides which path an image takes. compile_mode: torch.compile's mode for them (default; max-autotune-no-cudagraphs
       autotunes the convolutions and Triton kernels; max-autotune and reduce-overhead also capture CUDA graphs).
+    plan_cache: a dict the caller keeps for a job of many images: tile="auto"'s measurements (`bytes_per_pixel`,
+      which on CUDA runs probe forwards and waits for the device, and `memory_budget`) are made for the first
+      image and reused for the others, so a folder's images are not serialised by them.
     """
     if image.ndim != 3 or image.shape[2] != 3 or image.dtype not in (np.uint8, torch.uint8):
         raise ValueError(f"Expected an (H, W, 3) uint8 array, got shape {image.shape} dtype {image.dtype}.")
@@ -611,10 +627,14 @@ def stylize_tiled(
         xs = tile_starts(padded_w, tile_w, overlap, multiple)
         # Where the pixels live while they are worked on: the device (one upload, one download) or the host.
         work = device if pipeline == "device" else torch.device("cpu")
-        windows_y = [tile_window(ys, i, tile_h).to(work) for i in range(len(ys))]
-        windows_x = [tile_window(xs, j, tile_w).to(work) for j in range(len(xs))]
-        sum_y = window_sum(ys, [w.cpu() for w in windows_y], padded_h).to(work)
-        sum_x = window_sum(xs, [w.cpu() for w in windows_x], padded_w).to(work)
+        # Made and summed on the host, then uploaded: reading device windows back would make the host wait for
+        # every network queued on the device (the folder pipeline queues the next image's while one runs).
+        host_windows_y = [tile_window(ys, i, tile_h) for i in range(len(ys))]
+        host_windows_x = [tile_window(xs, j, tile_w) for j in range(len(xs))]
+        sum_y = upload(window_sum(ys, host_windows_y, padded_h), work)
+        sum_x = upload(window_sum(xs, host_windows_x, padded_w), work)
+        windows_y = [upload(w, work) for w in host_windows_y]
+        windows_x = [upload(w, work) for w in host_windows_x]
 
         with times.stage("copy_in", sync):
             if pipeline == "device" and isinstance(image, Tensor):
@@ -640,8 +660,8 @@ def stylize_tiled(
 
         with autocast_for(precision, device):
             if thumbnail_statistics and not whole:
-                thumbnail = make_thumbnail(image, thumbnail_size, multiple).to(
-                    device, memory_format=memory_format
+                thumbnail = upload(make_thumbnail(image, thumbnail_size, multiple), device).to(
+                    memory_format=memory_format
                 )
                 if use_compiled:
                     statistics_context = forward.frozen(record_instance_norm_statistics(model, thumbnail))
@@ -708,18 +728,41 @@ def stylize_tiled(
         with times.stage("copy_out", sync):
             return output.cpu().numpy()
 
+    def measured(key: tuple, measure: Callable[[], float]) -> float:
+        if plan_cache is None:
+            return measure()
+        if key not in plan_cache:
+            plan_cache[key] = measure()
+        return plan_cache[key]
+
+    def planning_figures() -> tuple[int, float]:
+        """(budget bytes, network bytes per pixel) for tile="auto"."""
+        budget = budget_bytes
+        if budget is None:
+            budget = int(
+                measured(
+                    ("memory_budget", str(device), memory_fraction),
+                    lambda: memory_budget(device, memory_fraction),
+                )
+            )
+        per_pixel = measured(
+            ("bytes_per_pixel", id(model), str(device), precision, str(memory_format)),
+            lambda: bytes_per_pixel(model, device, precision, memory_format=memory_format),
+        )
+        return budget, per_pixel
+
     auto = tile == "auto"
     # A planned tile that did not fit is halved; a tile the user fixed is not second-guessed.
     halve_on_oom = auto
     declared_tile = None  # the one tile side compiled tiles have (compile only)
     if compile:
         if auto:
-            budget = budget_bytes if budget_bytes is not None else memory_budget(device, memory_fraction)
+            budget, per_pixel = planning_figures()
             widest = plan_tiles(
                 1 << 20,
                 1 << 20,  # an image too large to fit whole: the plan's tile side for this budget
                 budget_bytes=budget,
-                bytes_per_pixel=bytes_per_pixel(model, device, precision, memory_format=memory_format),
+                bytes_per_pixel=per_pixel,
                 batch_size=batch_size,
                 multiple=multiple,
             ).tile
@@ -732,12 +775,12 @@ def stylize_tiled(
             auto = False  # the side is fixed for the job; no whole-image plan of this image's own
         declared_tile = round_up(tile, multiple)
     if auto:
-        budget = budget_bytes if budget_bytes is not None else memory_budget(device, memory_fraction)
+        budget, per_pixel = planning_figures()
         plan = plan_tiles(
             height,
             width,
             budget_bytes=budget,
-            bytes_per_pixel=bytes_per_pixel(model, device, precision, memory_format=memory_format),
+            bytes_per_pixel=per_pixel,
             batch_size=batch_size,
             multiple=multiple,
             image_on_device=pipeline == "device",

@@ -1,0 +1,263 @@
+"""The stylize folder pipeline's overlapped schedule (`pipeline.run_pipeline` with `overlap.CudaStages`' lag), run on
+a CPU through stand-ins for the CUDA stages object: the order of network, decode and finish, the bound on encodes in
+flight, encodes in threads, outputs bit-identical to the sequential loop, and no per-image device reads or probes."""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from concurrent.futures import Future
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+from pixelsmith.style import pipeline, tiling
+from pixelsmith.style.data import read_image
+from pixelsmith.style.networks import TransformerNet
+from pixelsmith.style.overlap import HostStages
+from pixelsmith.style.pipeline import PipelineOptions, run_pipeline, save_image
+from pixelsmith.style.stylize import plan_outputs
+from pixelsmith.style.tiling import stylize_tiled
+from tests.test_style_stylize import photo  # the same small smooth test photo
+
+pytestmark = pytest.mark.filterwarnings(
+    "ignore::pixelsmith.style.loss_network.RandomLossNetworkWeightsWarning"
+)
+CPU = torch.device("cpu")
+
+
+@pytest.fixture(scope="module")
+def net() -> TransformerNet:
+    torch.manual_seed(0)
+    return TransformerNet(base_channels=8, num_residual_blocks=1).eval()
+
+
+class LaggedStages(HostStages):
+    """The CUDA stages' schedule without a GPU: a lag of one image and host encodes in threads; the streams are
+    no-ops. `log` receives ("decode" | "finish", image height) in the order the pipeline asks for them."""
+
+    lag = 1
+    threaded_encodes = True
+
+    def __init__(self, log: list | None = None):
+        self.log = log if log is not None else []
+
+    def decoded(self, pixels):
+        self.log.append(("decode", pixels.shape[0]))
+        return pixels
+
+    def download(self, result, done, timer):
+        self.log.append(("finish", result.shape[0]))
+        return super().download(result, done, timer)
+
+    def encode(self, done, result):
+        self.log.append(("finish", result.shape[0]))
+        return super().encode(done, result)
+
+
+class InlinePool:
+    """A codec pool that runs each task when it is submitted; `submitted` names the functions it was given."""
+
+    def __init__(self):
+        self.submitted: list[str] = []
+
+    def submit(self, fn, *args):
+        self.submitted.append(fn.__name__)
+        future: Future = Future()
+        future.set_result(fn(*args))
+        return future
+
+
+def make_folder(folder: Path, heights: list[int], suffix: str = ".png") -> None:
+    folder.mkdir(parents=True, exist_ok=True)
+    for index, height in enumerate(heights):
+        Image.fromarray(photo(36, height, index)).save(folder / f"img{index}{suffix}", quality=95)
+
+
+def test_each_network_is_queued_before_the_next_decode_and_the_previous_finish(net, tmp_path, monkeypatch):
+    heights = [40, 44, 48, 52]  # an image is known by its height
+    make_folder(tmp_path / "in", heights)
+    log: list[tuple[str, int]] = []
+    original_stylize = pipeline.stylize_tiled
+
+    def network(model, image, **kwargs):
+        log.append(("network", image.shape[0]))
+        return original_stylize(model, image, **kwargs)
+
+    outstanding, most, lock = [0], [0], threading.Lock()
+    original_save = pipeline.save_image
+
+    class Stages(LaggedStages):
+        def download(self, result, done, timer):
+            with lock:
+                outstanding[0] += 1  # downloaded, its encode not finished: the memory the bound is about
+                most[0] = max(most[0], outstanding[0])
+            return super().download(result, done, timer)
+
+    def slow_save(*args, **kwargs):
+        time.sleep(0.3)  # slower than a network here: without the bound, downloads would pile up
+        original_save(*args, **kwargs)
+        with lock:
+            outstanding[0] -= 1
+
+    monkeypatch.setattr(pipeline, "stylize_tiled", network)
+    monkeypatch.setattr(pipeline, "save_image", slow_save)
+    done: list[Path | None] = []
+    pairs = plan_outputs(tmp_path / "in", tmp_path / "out")
+    summary = run_pipeline(
+        net,
+        pairs,
+        CPU,
+        PipelineOptions(tile=32, overlap=8),
+        InlinePool(),
+        depth=2,
+        on_image_done=lambda source, target: done.append(target),
+        stages=Stages(log),
+    )
+    assert not summary.failed and len(summary.written) == 4
+    position = {entry: index for index, entry in enumerate(log)}
+    for i, height in enumerate(heights):
+        assert [kind for kind, h in log if h == height] == ["decode", "network", "finish"]  # each once
+        if i + 1 < len(heights):
+            assert position["network", height] < position["decode", heights[i + 1]]
+        if i > 0:
+            assert position["network", height] < position["finish", heights[i - 1]]
+    assert [h for kind, h in log if kind == "finish"] == heights  # finished in order
+    assert done == [target for _, target in pairs]  # reported once each, in order
+    assert most[0] == 2  # at most `depth` encodes in flight, and the encodes do overlap
+
+
+@pytest.mark.parametrize(("codec", "output"), [("pil", "png"), ("pil", "jpg"), ("torchvision", "jpg")])
+def test_overlapped_outputs_are_bit_identical_to_the_sequential_loop(net, tmp_path, codec, output):
+    """The lagged schedule with threaded encodes writes exactly the sequential loop's files, a broken file among them
+    is named and the others written. With jpeg_codec=torchvision the JPEGs are decoded and encoded by torchvision on
+    the CPU, the calls nvJPEG makes on CUDA."""
+    folder = tmp_path / "in"
+    make_folder(folder, [40, 48], ".jpg")
+    make_folder(folder / "more", [44], ".png")
+    (folder / "broken.jpg").write_text("not an image")
+    options = {"tile": 32, "overlap": 8, "jpeg_codec": codec}
+    summaries = {}
+    for kind, stages, pool in (("sequential", None, None), ("overlapped", LaggedStages(), InlinePool())):
+        pairs = plan_outputs(folder, tmp_path / kind, output)
+        summaries[kind] = run_pipeline(net, pairs, CPU, PipelineOptions(**options), pool, stages=stages)
+    for summary in summaries.values():
+        assert list(summary.failed) == [str(folder / "broken.jpg")]
+        assert len(summary.written) == 3
+    for written in summaries["sequential"].written:
+        twin = Path(written.replace(str(tmp_path / "sequential"), str(tmp_path / "overlapped")))
+        assert np.array_equal(np.asarray(Image.open(written)), np.asarray(Image.open(twin)))
+        if output == "jpg":
+            assert Path(written).read_bytes() == twin.read_bytes()
+    if codec == "pil":  # the sequential loop is still stylize_tiled then save_image, image by image
+        for source, target in plan_outputs(folder, tmp_path / "reference", output):
+            if source.name == "broken.jpg":
+                continue
+            image = read_image(source)
+            save_image(
+                stylize_tiled(net, image.rgb, tile=32, overlap=8, channels_last=False), None, target, None
+            )
+            assert np.array_equal(
+                np.asarray(Image.open(target)),
+                np.asarray(Image.open(tmp_path / "overlapped" / target.relative_to(tmp_path / "reference"))),
+            )
+
+
+def test_png_encodes_of_a_folder_run_in_threads_and_read_back_exactly(net, tmp_path, monkeypatch):
+    make_folder(tmp_path / "in", [40, 44, 48])
+    calls: list[tuple[bool, int]] = []
+    original_save = pipeline.save_image
+
+    def spy(*args, **kwargs):
+        calls.append((threading.current_thread() is threading.main_thread(), os.getpid()))
+        original_save(*args, **kwargs)
+
+    monkeypatch.setattr(pipeline, "save_image", spy)
+    pool = InlinePool()
+    pairs = plan_outputs(tmp_path / "in", tmp_path / "out")
+    summary = run_pipeline(net, pairs, CPU, PipelineOptions(tile=32, overlap=8), pool, stages=LaggedStages())
+    assert len(summary.written) == 3 and summary.stage_seconds["encode"] > 0
+    assert calls == [(False, os.getpid())] * 3  # in threads of this process
+    assert "encode_on_host" not in pool.submitted and "encode_in_thread" not in pool.submitted
+    for source, target in pairs:
+        expected = stylize_tiled(net, read_image(source).rgb, tile=32, overlap=8, channels_last=False)
+        assert np.array_equal(np.asarray(Image.open(target)), expected)
+
+
+def test_stylize_tiled_reads_nothing_back_from_the_device(net, monkeypatch):
+    """The blending windows are summed on the host from host windows (a device read makes the host wait for every
+    network queued): no `.cpu()` before the result, even with the device pipeline."""
+    sums: list[str] = []
+    original_sum = tiling.window_sum
+
+    def window_sum(starts, windows, length):
+        sums.extend(window.device.type for window in windows)
+        return original_sum(starts, windows, length)
+
+    reads: list[tuple] = []
+    original_cpu = torch.Tensor.cpu
+
+    def cpu(self, *args, **kwargs):
+        reads.append(tuple(self.shape))
+        return original_cpu(self, *args, **kwargs)
+
+    monkeypatch.setattr(tiling, "window_sum", window_sum)
+    monkeypatch.setattr(torch.Tensor, "cpu", cpu)
+    image = photo(80, 64)
+    result = stylize_tiled(
+        net, image, tile=32, overlap=8, pipeline="device", return_tensor=True, channels_last=False
+    )
+    assert tuple(result.shape) == (64, 80, 3)
+    assert sums and set(sums) == {"cpu"}
+    assert reads == []
+
+
+def test_tile_auto_measures_the_network_once_per_job(net, tmp_path, monkeypatch):
+    make_folder(tmp_path / "in", [40, 44, 48])
+    counts = {"bytes_per_pixel": 0, "memory_budget": 0}
+    for name in counts:
+        original = getattr(tiling, name)
+
+        def spy(*args, _name=name, _original=original, **kwargs):
+            counts[_name] += 1
+            return _original(*args, **kwargs)
+
+        monkeypatch.setattr(tiling, name, spy)
+    pairs = plan_outputs(tmp_path / "in", tmp_path / "out")
+    for stages in (None, LaggedStages()):
+        counts.update(dict.fromkeys(counts, 0))
+        summary = run_pipeline(net, pairs, CPU, PipelineOptions(tile="auto"), None, stages=stages)
+        assert len(summary.written) == 3
+        assert counts == {"bytes_per_pixel": 1, "memory_budget": 1}
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (pytest -m gpu on a GPU machine)")
+@pytest.mark.parametrize("output", ["jpg", "png"])
+def test_gpu_overlapped_folder_writes_what_the_sequential_loop_writes(tmp_path, output):
+    """On CUDA: the three streams (nvJPEG decode on its own stream, networks on the compute stream, downloads and
+    nvJPEG encodes on the encode stream) write the files the one-stage-at-a-time loop writes on the same GPU, with
+    network times from events."""
+    torch.manual_seed(0)
+    model = TransformerNet(base_channels=16, num_residual_blocks=2).eval()
+    folder = tmp_path / "in"
+    folder.mkdir()
+    for index in range(6):
+        Image.fromarray(photo(640 + 32 * index, 360, index)).save(folder / f"{index}.jpg", quality=92)
+    device = torch.device("cuda")
+    options = {"tile": "auto", "precision": "bf16-mixed", "compile": "false"}
+    summaries = {}
+    for kind, stages in (("sequential", HostStages()), ("overlapped", None)):
+        pairs = plan_outputs(folder, tmp_path / kind, output)
+        summaries[kind] = run_pipeline(
+            model, pairs, device, PipelineOptions(**options), InlinePool(), stages=stages
+        )
+        assert len(summaries[kind].written) == 6 and not summaries[kind].failed
+    assert summaries["overlapped"].stage_seconds["network"] > 0
+    for written in summaries["sequential"].written:
+        twin = written.replace(str(tmp_path / "sequential"), str(tmp_path / "overlapped"))
+        assert np.array_equal(np.asarray(Image.open(written)), np.asarray(Image.open(twin)))
