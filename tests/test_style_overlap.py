@@ -261,3 +261,21 @@ def test_gpu_overlapped_folder_writes_what_the_sequential_loop_writes(tmp_path, 
     for written in summaries["sequential"].written:
         twin = written.replace(str(tmp_path / "sequential"), str(tmp_path / "overlapped"))
         assert np.array_equal(np.asarray(Image.open(written)), np.asarray(Image.open(twin)))
+
+
+@pytest.mark.parametrize("orientation", range(1, 9))
+def test_a_device_decode_is_turned_upright_as_pillow_turns_it(orientation):
+    """torchvision's CUDA JPEG decoder ignores apply_exif_orientation: the pipeline applies the EXIF orientation
+    itself (`exif_oriented`), and must agree with Pillow's `ImageOps.exif_transpose` for each of the 8 values."""
+    from PIL import ImageOps
+
+    from pixelsmith.style.pipeline import EXIF_ORIENTATION, exif_oriented
+
+    pixels = np.random.default_rng(orientation).integers(0, 256, (5, 7, 3), dtype=np.uint8)  # not square
+    image = Image.fromarray(pixels)
+    exif = image.getexif()
+    exif[EXIF_ORIENTATION] = orientation
+    image.info["exif"] = exif.tobytes()
+    expected = np.asarray(ImageOps.exif_transpose(image))
+    turned = exif_oriented(torch.from_numpy(pixels).permute(2, 0, 1), orientation).permute(1, 2, 0)
+    assert np.array_equal(turned.numpy(), expected)

@@ -270,7 +270,36 @@ def decode_jpeg_on_device(source: Path, device: torch.device) -> Tensor:
         torch.cuda.current_stream(device).synchronize()  # pytorch/vision#9606: wait for the decoder's stream
     if image.shape[0] != 3:
         raise ImageReadError(f"{source}: decoded to {image.shape[0]} channels, not RGB")
+    if device.type == "cuda":
+        # torchvision's CUDA decoder ignores apply_exif_orientation (its CPU decoder honours it): a phone photo
+        # would come out lying on its side. The orientation is read from the header on the host and applied here.
+        with Image.open(source) as header:
+            image = exif_oriented(image, header.getexif().get(EXIF_ORIENTATION, 1))
     return image.permute(1, 2, 0)
+
+
+EXIF_ORIENTATION = 0x0112
+
+
+def exif_oriented(image: Tensor, orientation: int) -> Tensor:
+    """A (C, H, W) image turned upright for its EXIF `orientation` (1-8), as Pillow's `ImageOps.exif_transpose`
+    does; views where it can (flips and rotations copy). Unknown values leave it as it is."""
+    rows, columns = image.dim() - 2, image.dim() - 1
+    if orientation == 2:  # mirrored
+        return image.flip(columns)
+    if orientation == 3:  # upside down
+        return image.flip(rows, columns)
+    if orientation == 4:  # mirrored upside down
+        return image.flip(rows)
+    if orientation == 5:  # mirrored across the main diagonal
+        return image.transpose(rows, columns)
+    if orientation == 6:  # turned 90 degrees counter-clockwise: turn it clockwise
+        return torch.rot90(image, -1, (rows, columns))
+    if orientation == 7:  # mirrored across the anti-diagonal
+        return image.transpose(rows, columns).flip(rows, columns)
+    if orientation == 8:  # turned 90 degrees clockwise: turn it counter-clockwise
+        return torch.rot90(image, 1, (rows, columns))
+    return image
 
 
 def encode_jpeg_on_device(result: Tensor, target: Path, icc_profile: bytes | None) -> None:
