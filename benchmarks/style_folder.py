@@ -121,6 +121,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--png-encoder", default="auto", help="ours' png_encoder (auto | threaded | pil | fpng)"
     )
+    parser.add_argument(
+        "--compile-mode",
+        default="auto",
+        help="ours' compile_mode (auto | default | max-autotune-no-cudagraphs | ...): a first run with "
+        "max-autotune-no-cudagraphs fills the compile cache that a later compile_mode=auto run takes",
+    )
     args = parser.parse_args(argv)
 
     from pixelsmith.style.stylize import StylizeOptions, resolve_device
@@ -161,6 +167,7 @@ def main(argv: list[str] | None = None) -> int:
                     progress=False,
                     png_compress_level=args.png_compress_level,
                     png_encoder=args.png_encoder,
+                    compile_mode=args.compile_mode,
                     format=fmt,
                 )
                 ours_rates, peer_rates, tflops, mfu = [], [], [], []

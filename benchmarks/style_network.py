@@ -11,6 +11,7 @@ FlopCounterMode on a probe, times the pixels; padding's zero channels do not cou
 difference from the fp32 eager output in 8-bit levels (the acceptance bound is 1.0). Variants, each adding to the one
 before unless named otherwise:
 - eager_fp32: NCHW fp32, the reference;
+- eager_bf16: bf16 autocast, NCHW (what an uncompiled stylize.py runs on a GPU);
 - eager_bf16_cl: bf16 autocast and channels_last;
 - padded: + the 3-channel first and last convolutions zero-padded to 8 channels (`style.fuse`);
 - compiled: + torch.compile (default mode: instance norm, ReLU and padding fused by Inductor);
@@ -33,13 +34,13 @@ from pixelsmith.style.networks import TransformerNet
 from pixelsmith.style.pipeline import network_flops_per_pixel
 from pixelsmith.style.tiling import autocast_for
 
-VARIANTS = ("eager_fp32", "eager_bf16_cl", "padded", "compiled", "autotuned", "graphed")
+VARIANTS = ("eager_fp32", "eager_bf16", "eager_bf16_cl", "padded", "compiled", "autotuned", "graphed")
 COMPILE_MODE = {"compiled": "default", "autotuned": "max-autotune-no-cudagraphs", "graphed": "max-autotune"}
 
 
 def build(net: TransformerNet, variant: str, device: torch.device):
     """(forward(x) -> y, channels_last) for `variant`."""
-    channels_last = variant != "eager_fp32"
+    channels_last = variant not in ("eager_fp32", "eager_bf16")
     model = pad_rgb_convolutions(net, 8) if VARIANTS.index(variant) >= VARIANTS.index("padded") else net
     model = model.eval().to(
         device, memory_format=torch.channels_last if channels_last else torch.contiguous_format

@@ -534,7 +534,7 @@ class PipelineOptions:
     png_threads: int | None = None  # threads per PNG encode; None: the cores shared by the encodes in flight
     jpeg_codec: str = "auto"
     compile: str = "auto"
-    compile_mode: str = "default"
+    compile_mode: str = "auto"
 
 
 # compile=auto pays the compile (and, with a mode that autotunes, cuDNN/Triton's autotuning) only where it pays back:
@@ -547,7 +547,37 @@ class PipelineOptions:
 CPU_COMPILE_MIN_IMAGES = 8
 CUDA_COMPILE_MIN_IMAGES = 2
 COMPILE_CHOICES = ("auto", "true", "false")
-COMPILE_MODES = ("default", "max-autotune-no-cudagraphs", "max-autotune", "reduce-overhead")
+COMPILE_MODES = ("auto", "default", "max-autotune-no-cudagraphs", "max-autotune", "reduce-overhead")
+# compile_mode=auto autotunes (max-autotune-no-cudagraphs: cuDNN against Triton convolution templates, per shape) only
+# where that pays back. On an H200 the autotuned 8K stylizer ran 78 ms a forward against 138 ms compiled in the
+# default mode (131 against 74 TFLOP/s), and the autotuning took about 5 s per convolution shape, some 50 s for the
+# network: about 60 ms saved per 8K image repays it after some 800 images. So: from CUDA_AUTOTUNE_MIN_IMAGES images,
+# or at once where an earlier run left the autotuned compile in the cache; the default mode otherwise, and always on
+# a CPU (inductor's CPU code has no convolution templates to choose from).
+AUTOTUNE_MODE = "max-autotune-no-cudagraphs"
+CUDA_AUTOTUNE_MIN_IMAGES = 1000
+
+
+def compile_mode_decision(
+    choice: str, device: torch.device, images: int, autotuned_cached: bool = False
+) -> tuple[str, str]:
+    """torch.compile's mode for the tiles, and the log's reason: `compile_mode` as given, or for auto the
+    autotuning mode where it pays back (`CUDA_AUTOTUNE_MIN_IMAGES`, or an autotuned compile in the cache)."""
+    if choice != "auto":
+        return choice, f"compile_mode={choice}"
+    if device.type != "cuda":
+        return "default", "compile_mode=auto: default (no autotuning on a CPU)"
+    if autotuned_cached:
+        return (
+            AUTOTUNE_MODE,
+            f"compile_mode=auto: {AUTOTUNE_MODE}, from the compile cache an earlier run left",
+        )
+    if images >= CUDA_AUTOTUNE_MIN_IMAGES:
+        return AUTOTUNE_MODE, f"compile_mode=auto: {AUTOTUNE_MODE}, {images} images repay its autotuning"
+    return "default", (
+        f"compile_mode=auto: default, {images} image(s) would not repay autotuning (from "
+        f"{CUDA_AUTOTUNE_MIN_IMAGES}, or once a run with compile_mode={AUTOTUNE_MODE} cached it)"
+    )
 
 
 def compile_decision(
@@ -679,6 +709,8 @@ def run_pipeline(
     times = times if times is not None else StageTimes()
     options.precision = resolve_precision(options.precision, device)
     compiled = compile_tiles(options.compile, device, len(pairs))
+    if options.compile_mode == "auto":  # stylize.py decides it with the cache in view; a direct call here
+        options.compile_mode = compile_mode_decision("auto", device, len(pairs))[0]
     device_jpeg = options.jpeg_codec in ("torchvision", "nvimgcodec") or (
         options.jpeg_codec == "auto" and device.type == "cuda"
     )
@@ -817,8 +849,11 @@ def run_pipeline(
                     return_tensor=item.encode_on_device or stages.results_on_device,
                     compile=compiled,
                     compile_mode=options.compile_mode,
-                    # oneDNN ran this network 1.3x slower in channels_last than NCHW on a CPU (2K, fp32); cuDNN wants it.
-                    channels_last=device.type == "cuda",
+                    # channels_last only where compiled on a GPU: there Inductor fuses the padding and instance norm
+                    # around cuDNN's channels_last convolutions. Eager, those two have no channels_last kernels and
+                    # convert layouts around every convolution: the 8K network ran 541 ms in bf16 channels_last against
+                    # 256 ms in fp32 NCHW on an H200, and oneDNN ran it 1.3x slower in channels_last on a CPU (2K).
+                    channels_last=device.type == "cuda" and compiled,
                     plan_cache=plan_cache,
                 )
                 item.done = stages.record_done()

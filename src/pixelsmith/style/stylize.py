@@ -48,6 +48,7 @@ from pixelsmith.style.fuse import pad_rgb_convolutions, resolve_pad_channels
 from pixelsmith.style.loss_network import RandomLossNetworkWeightsWarning, VGGFeatures
 from pixelsmith.style.networks import ADAIN_ENCODER_LAYERS, AdaINDecoder, AdaINNet, TransformerNet
 from pixelsmith.style.pipeline import (
+    AUTOTUNE_MODE,
     COMPILE_CHOICES,
     COMPILE_MODES,
     JPEG_CODECS,
@@ -60,6 +61,7 @@ from pixelsmith.style.pipeline import (
     compile_decision,
     compile_key,
     compile_marker,
+    compile_mode_decision,
     default_workers,
     make_pool,
     network_flops_per_pixel,
@@ -267,7 +269,7 @@ def stylize_paths(
     summary_out: list[FolderSummary] | None = None,
     png_encoder: str = "auto",
     png_threads: int | str = "auto",
-    compile_mode: str = "default",
+    compile_mode: str = "auto",
     pad_channels: int | str = "auto",
     compile_cache_dir: str | None = None,
 ) -> list[Path]:
@@ -284,7 +286,8 @@ def stylize_paths(
     png_compress_level: 0-9 for PNG outputs. jpeg_codec: auto (the device's nvJPEG on CUDA, Pillow otherwise) | pil
     | torchvision (torchvision's decode_jpeg/encode_jpeg on the run's device, libjpeg-turbo on a CPU).
     compile: auto | true | false: full tiles of one declared side through torch.compile (`tiling.stylize_tiled`);
-    auto compiles where it pays back (`pipeline.compile_decision`). compile_mode: torch.compile's mode.
+    auto compiles where it pays back (`pipeline.compile_decision`). compile_mode: torch.compile's mode; auto
+    autotunes on a GPU where that pays back (`pipeline.compile_mode_decision`).
     compile_cache_dir: torch's compile cache (None: `hardware.compile_cache_dir`'s default).
     png_encoder: auto | threaded | pil | fpng; png_threads: threads per PNG (auto: the cores over the encodes in
     flight). pad_channels: auto | 0 | 4 | 8: the 3-channel convolutions widened with zeros (`fuse`).
@@ -403,14 +406,21 @@ def stylize_shard(
     # compile=auto is decided on the whole job, not on this rank's share: every rank, and one process given the same
     # folder, then runs the same code and writes the same pixels. A compile an earlier run cached decides it too.
     cache = resolve_cache_dir(compile_cache_dir)
-    marker = compile_marker(
-        cache,
-        compile_key(stylizer, device, options.precision, options.compile_mode, options.tile_batch, padding),
+
+    def marker_for(mode: str) -> Path:
+        return compile_marker(
+            cache, compile_key(stylizer, device, options.precision, mode, options.tile_batch, padding)
+        )
+
+    mode, mode_reason = compile_mode_decision(
+        options.compile_mode, device, len(pairs), autotuned_cached=marker_for(AUTOTUNE_MODE).is_file()
     )
+    options = dataclasses.replace(options, compile_mode=mode)
+    marker = marker_for(mode)
     compiled, reason = compile_decision(options.compile, device, len(pairs), cached=marker.is_file())
     if compiled:
         use_compile_cache(compile_cache_dir)
-        reason += f" (compile cache {cache})"
+        reason += f" (compile cache {cache}); {mode_reason}"
     if rank == 0:
         print(reason, file=sys.stderr)
     options = dataclasses.replace(options, compile="true" if compiled else "false")
@@ -515,7 +525,7 @@ class StylizeOptions:
     png_compress_level: int = 6
     jpeg_codec: str = "auto"
     compile: str = "auto"
-    compile_mode: str = "default"
+    compile_mode: str = "auto"
     compile_cache_dir: str | None = None
     png_encoder: str = "auto"
     png_threads: int | str = "auto"
@@ -580,8 +590,10 @@ Options (key=value, defaults in brackets):
                   depend on the images before it; auto: where it pays back: 2 or more images on a GPU, 8 or more on
                   a CPU (the compile costs about 15 s on 2 cores), or any count once an earlier run with the same
                   settings left its compile in the cache; the log says which [auto]
-  compile_mode    default | max-autotune-no-cudagraphs | max-autotune | reduce-overhead: torch.compile's mode
-                  (the autotuning ones take longer to compile, then run faster; the last two add CUDA graphs) [default]
+  compile_mode    auto | default | max-autotune-no-cudagraphs | max-autotune | reduce-overhead: torch.compile's
+                  mode (the autotuning ones take longer to compile, then run faster; the last two add CUDA graphs);
+                  auto: max-autotune-no-cudagraphs on a GPU from 1000 images or once an earlier run cached it,
+                  default otherwise; the log says which [auto]
   compile_cache_dir  torch.compile's on-disk cache, shared by runs [~/.cache/pixelsmith/compile]
   pad_channels    auto | 0 | 4 | 8: the 3-channel first and last convolutions widened with zero channels for
                   tensor cores (the same output); auto: 8 on a GPU, off on a CPU [auto]
