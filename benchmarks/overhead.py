@@ -134,7 +134,9 @@ def measure(iterations: int = 120, repeats: int = 2, workdir: Path | None = None
     from pixelsmith.run.build import resolve_hardware
     from pixelsmith.run.fit import run
 
-    workdir = workdir or Path("outputs") / "overhead"
+    # A fresh folder per invocation: a run dir left by an earlier one holds a finished checkpoint that auto-resume
+    # would take (and refuse, as there is nothing left to train).
+    workdir = workdir or Path("outputs") / "overhead" / time.strftime("%Y%m%d-%H%M%S")
     skip = min(10, iterations // 3)
     times: dict[str, list[float]] = {name: [] for name in [*VARIANTS, "plain", NORM]}
     for repeat in range(repeats):
@@ -185,7 +187,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--iterations", type=int, default=120)
     parser.add_argument("--repeats", type=int, default=2)
-    parser.add_argument("--out", default=None, help="run dirs (default outputs/overhead)")
+    parser.add_argument("--out", default=None, help="run dirs (default outputs/overhead/<time>)")
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
     print(report(measure(args.iterations, args.repeats, Path(args.out) if args.out else None)))

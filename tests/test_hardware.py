@@ -4,6 +4,7 @@ command line over it, and one run builds its HardwareSettings once and applies i
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -184,3 +185,20 @@ def test_a_multirun_job_composed_on_another_machine_is_stopped(monkeypatch):
         check_detected_here(cfg.hardware.name)  # a named profile is never second-guessed
     finally:
         HydraConfig.instance().cfg = None
+
+
+@pytest.mark.parametrize("gpu_present", [False, True])
+def test_a_cpu_run_without_a_gpu_answers_cuda_availability_without_nvml(make_cfg, monkeypatch, gpu_present):
+    """Lightning sets PYTORCH_NVML_BASED_CUDA_CHECK=1; with no GPU each torch.cuda.is_available() (torch's optimizers
+    ask at every step) then retries loading NVML. apply_hardware turns the NVML path off only where no GPU exists:
+    with one, the NVML answer keeps forked loader workers free of CUDA state."""
+    import torch
+
+    from pixelsmith.hardware.settings import NVML_CHECK, apply_hardware
+    from pixelsmith.run.build import resolve_hardware
+
+    hardware = resolve_hardware(make_cfg("hardware=cpu"))
+    monkeypatch.setenv(NVML_CHECK, "1")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: gpu_present)
+    apply_hardware(hardware)
+    assert os.environ[NVML_CHECK] == ("1" if gpu_present else "0")

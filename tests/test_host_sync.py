@@ -222,25 +222,52 @@ def test_the_loop_scope_sees_a_sync_in_the_batch_fetch(make_cfg, checks, monkeyp
     assert fetches == ([1, 2, 4, 5, 6] if scope == "loop" else [])
 
 
+class LogsItsOwnValue:
+    """Mixin for the configured GAN module: at each logging iteration it also logs a device value to the progress
+    bar with `self.log`, as a fork's own module would."""
+
+    def _log_iteration(self, last: bool) -> None:
+        super()._log_iteration(last)
+        self.log("user/value", self.generator_loss_probe(), prog_bar=True, on_step=True, on_epoch=False)
+
+    def generator_loss_probe(self):
+        return next(self.generator.parameters()).detach().float().abs().mean()
+
+
+def _module_that_logs_its_own_value(target: str) -> str:
+    from hydra.utils import get_class
+
+    base = get_class(target)
+    name = f"{base.__name__}LogsItsOwnValue"
+    if name not in globals():
+        globals()[name] = type(name, (LogsItsOwnValue, base), {"__module__": __name__, "__qualname__": name})
+    return f"{__name__}.{name}"
+
+
 @pytest.mark.parametrize("released", [True, False])
 def test_lightning_converts_no_logged_value_between_logging_iterations(
     make_cfg, checks, monkeypatch, released
 ):
-    """Lightning's logger connector `.item()`s the last progress-bar value (`img/s`) at every batch end unless
-    StepResultsRelease drops it once logged: without it the loop scope finds that sync on every quiet iteration."""
+    """The core's own values never pass Lightning's step results (they go straight to `callback_metrics` and the
+    bar). A module's own `self.log` of a device value to the progress bar does: Lightning's logger connector then
+    `.item()`s it at every batch end unless StepResultsRelease drops it once logged; without it the loop scope finds
+    that sync on every quiet iteration after the first log."""
     from pixelsmith.callbacks.step_results import StepResultsRelease
 
     if not released:
         monkeypatch.setattr(StepResultsRelease, "on_train_batch_start", lambda *args: None)
     longer = [arg for arg in QUIET_RUN if not arg.startswith("max_steps=")] + ["max_steps=13"]
-    metrics = run(make_cfg(*longer, "train.progress_bar=true"))
+    cfg = make_cfg(*longer, "train.progress_bar=true")
+    with open_dict(cfg):
+        cfg.model._target_ = _module_that_logs_its_own_value(cfg.model._target_)
+    metrics = run(cfg)
     (check,) = checks
     conversions = [i for i, _, where in check.events if "to_item" in where]
-    # Logged values reach Lightning one logging interval after they are staged: the first progress-bar value at the
-    # second logging iteration (7), the conversions from then on at every checked one.
-    assert conversions == ([] if released else [8, 9, 10])
+    # The module logs at iterations 3 and 7 (0-based batch indices of logging iterations 4 and 8): without the
+    # release, every checked iteration after the first log converts it again.
+    assert conversions == ([] if released else [4, 5, 6, 8, 9, 10])
     assert len(check.events) == len(conversions)  # nothing else in the loop waits
-    assert metrics["img/s"] > 0  # what was logged still reaches the final metrics
+    assert metrics["img/s"] > 0  # what the core logged still reaches the final metrics
 
 
 def test_the_loop_scope_falls_back_to_the_step_under_several_processes(caplog):

@@ -74,6 +74,7 @@ class GANModule(TrainingCore):
 
             init_module_from(self, str(init_from))
         self._timing_forwards = True  # off inside regularisation phases, which are timed whole
+        self._parameter_lists: dict[nn.Module, list[nn.Parameter]] = {}  # `_set_trainable`'s, per network
         self._plan: tuple[tuple[str, ...], bool] | None = (
             None  # iteration_plan's, for the coming train_iteration
         )
@@ -291,6 +292,16 @@ class GANModule(TrainingCore):
         if self.augment is not None:
             self.augment.discard_pending()
 
+    def _set_trainable(self, network: torch.nn.Module, trainable: bool) -> None:
+        """`network.requires_grad_(trainable)` over its parameter list, gathered once: `requires_grad_` walks every
+        submodule each call, a host cost per phase that grows with the network's depth. The list is taken at the
+        first phase, after the networks are compiled or sharded (which keep or replace parameters before then)."""
+        parameters = self._parameter_lists.get(network)
+        if parameters is None:
+            parameters = self._parameter_lists[network] = list(network.parameters())
+        for parameter in parameters:
+            parameter.requires_grad_(trainable)
+
     def run_phase(self, phase: Phase, batch: GANBatch) -> dict[str, torch.Tensor]:
         """One phase: its network trainable and the other frozen (its backward then skips the other's
         gradients), `accumulate` micro-batches, one optimizer step. Returns the phase's logs (micro-batch means)."""
@@ -301,8 +312,8 @@ class GANModule(TrainingCore):
         # A regularisation phase is one breakdown row (StyleGAN2-ADA's Dreg/Greg: forward, gradient, double backward).
         whole = self.region(f"{phase.network}_reg") if regularising else nullcontext()
         try:
-            frozen.requires_grad_(False)
-            trained.requires_grad_(True)
+            self._set_trainable(frozen, False)
+            self._set_trainable(trained, True)
             inputs = self.objective.sample_inputs(phase, batch, self.z_dim)
             chunks = {key: self.micro_batches(value) for key, value in inputs.items()}
             self._timing_forwards = not regularising
@@ -327,7 +338,7 @@ class GANModule(TrainingCore):
                         sums[key] = sums[key] + value if key in sums else value
         finally:
             self._timing_forwards = True
-            frozen.requires_grad_(True)
+            self._set_trainable(frozen, True)
         with self.region("opt_step"):
             self.step(phase.network)
         return sums

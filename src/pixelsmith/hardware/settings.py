@@ -504,6 +504,9 @@ def _resolve_precision(precision: str, profile_precision: str | None, accelerato
     return name
 
 
+NVML_CHECK = "PYTORCH_NVML_BASED_CUDA_CHECK"
+
+
 def apply_hardware(hardware: HardwareSettings) -> None:
     """Set the process-wide switches the hardware settings ask for: the one place they are set (`pixelsmith.run.fit` calls it once
     per run, before data and model; a hand-written loop such as the benchmarks' plain loop calls it too).
@@ -522,6 +525,12 @@ def apply_hardware(hardware: HardwareSettings) -> None:
         torch.set_num_threads(hardware.num_threads)
     torch.backends.cudnn.benchmark = hardware.cudnn_benchmark
     if hardware.accelerator != "cuda":
+        if os.environ.get(NVML_CHECK) == "1" and not torch.cuda.is_available():
+            # Lightning asks torch to answer `torch.cuda.is_available()` through NVML (no CUDA initialisation, so
+            # forked loader workers stay safe). Without a GPU NVML never loads and every call tries again: a dlopen
+            # per call, and torch's optimizers ask at every step (28 us each on a 2-core CPU). With no GPU there is
+            # no CUDA state a fork could inherit: the runtime's own count answers in under a microsecond.
+            os.environ[NVML_CHECK] = "0"
         if hardware.memory_fraction is not None or hardware.cuda_alloc_conf:
             log.info(
                 "hardware.memory_fraction / cuda_alloc_conf apply to CUDA only; on CPU bound the batch by RAM "
