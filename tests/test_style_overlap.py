@@ -8,6 +8,7 @@ import os
 import threading
 import time
 from concurrent.futures import Future
+from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
@@ -279,3 +280,106 @@ def test_a_device_decode_is_turned_upright_as_pillow_turns_it(orientation):
     expected = np.asarray(ImageOps.exif_transpose(image))
     turned = exif_oriented(torch.from_numpy(pixels).permute(2, 0, 1), orientation).permute(1, 2, 0)
     assert np.array_equal(turned.numpy(), expected)
+
+
+class FakeCuda:
+    """Stand-ins for the CUDA primitives `overlap.CudaStages` uses, so its own code runs on a CPU: streams and events
+    that record what is asked of them, a no-op `record_stream`, and `torch.empty(pin_memory=True)` as plain memory.
+    `calls` lists ("stream" | "event" ..., name) in order."""
+
+    def __init__(self, monkeypatch):
+        self.calls: list[tuple[str, str]] = []
+        self.current = "caller"
+        fake = self
+
+        class Stream:
+            count = 0
+
+            def __init__(self, device=None):
+                Stream.count += 1
+                self.name = f"stream{Stream.count}"
+
+            def synchronize(self):
+                fake.calls.append(("synchronize", self.name))
+
+            def wait_event(self, event):
+                fake.calls.append(("wait_event", self.name))
+
+            def wait_stream(self, other):
+                fake.calls.append(("wait_stream", self.name))
+
+        class Event:
+            def __init__(self, enable_timing=False):
+                self.recorded = False
+
+            def record(self, stream=None):
+                self.recorded = True
+
+            def synchronize(self):
+                assert self.recorded, "an event waited for before it was recorded"
+
+            def elapsed_time(self, end):
+                return 2.0  # milliseconds
+
+        @contextmanager
+        def stream(chosen):
+            before, fake.current = fake.current, chosen.name
+            try:
+                yield
+            finally:
+                fake.current = before
+
+        caller = Stream()
+        caller.name = "caller"
+        empty = torch.empty
+
+        def unpinned_empty(*args, pin_memory=False, **kwargs):
+            return empty(*args, **kwargs)
+
+        monkeypatch.setattr(torch.cuda, "Stream", Stream)
+        monkeypatch.setattr(torch.cuda, "Event", Event)
+        monkeypatch.setattr(torch.cuda, "stream", stream)
+        monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: caller)
+        monkeypatch.setattr(
+            torch.Tensor, "record_stream", lambda self, s: fake.calls.append(("record", s.name))
+        )
+        monkeypatch.setattr(torch, "empty", unpinned_empty)
+
+
+@pytest.mark.parametrize("output", ["png", "jpg"])
+def test_the_cuda_stages_code_runs_on_a_cpu_with_stand_in_streams(net, tmp_path, monkeypatch, output):
+    """`CudaStages` itself (not a stand-in of the schedule): its streams, events, pinned downloads and event-timed
+    stages, with CUDA's primitives faked. The folder's files equal the sequential loop's; each download waits for its
+    image's network on the encode stream; the stage times come from the events."""
+    from pixelsmith.style.overlap import CudaStages
+
+    folder = tmp_path / "in"
+    make_folder(folder, [40, 44, 48])
+    sequential = run_pipeline(
+        net,
+        plan_outputs(folder, tmp_path / "sequential", output),
+        CPU,
+        PipelineOptions(tile=32, overlap=8),
+        None,
+    )
+    fake = FakeCuda(monkeypatch)
+    times = tiling.StageTimes()
+    overlapped = run_pipeline(
+        net,
+        plan_outputs(folder, tmp_path / "overlapped", output),
+        CPU,
+        PipelineOptions(tile=32, overlap=8),
+        InlinePool(),
+        times=times,
+        stages=CudaStages(CPU),
+    )
+    assert not overlapped.failed and len(overlapped.written) == len(sequential.written) == 3
+    for written in sequential.written:
+        twin = Path(written.replace(str(tmp_path / "sequential"), str(tmp_path / "overlapped")))
+        assert np.array_equal(np.asarray(Image.open(written)), np.asarray(Image.open(twin)))
+    # compute, decode, encode: made once; every download waits on the encode stream for its network's event.
+    encode_stream = "stream4"
+    assert fake.calls.count(("wait_event", encode_stream)) == 3
+    assert fake.calls.count(("record", encode_stream)) == 3  # each result kept alive for the encode stream
+    # Two tile rows an image (32-px tiles on 40-48 px), one batch each: six network stages of 2 ms by the events.
+    assert times.network == pytest.approx(6 * 2.0 / 1000.0)
