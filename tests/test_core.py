@@ -350,6 +350,32 @@ def test_ema_matches_a_hand_computation_away_from_one_half_life(as_tensor):
     assert float(ramped.beta(2500, torch.tensor(10_000) if as_tensor else 10_000)) == pytest.approx(0.03125)
 
 
+def test_the_graphed_emas_betas_come_from_the_host_bit_for_bit():
+    """Under CUDA graphs the EMA reads its beta from a table the host made at the start (or, once the ramp-up is
+    over, the host's constant), indexed by the device's iteration: the averaged weights equal the eager path's bit
+    for bit at every iteration, through the ramp-up's end and past it; a second batch size falls back to the device
+    formula instead of reading rows made for the first."""
+    torch.manual_seed(0)
+    source = nn.Linear(3, 3)
+    eager = EMA(source, half_life_kimg=0.01, rampup=0.05)  # the ramp-up ends at 200 images: iteration 50 at 4
+    graphed = EMA(source, half_life_kimg=0.01, rampup=0.05)
+    start, seen0, per = 3, 12, 4  # a resumed run: iteration 3, 12 images seen
+    for k in range(start, 80):
+        with torch.no_grad():
+            source.weight.add_(0.01 * k)
+        seen = seen0 + (k - start) * per
+        beta_eager = eager.update(source, per, seen)
+        beta_graphed = graphed.update(source, per, torch.tensor(seen), torch.tensor(k), (start, seen0, 80))
+        assert torch.equal(eager.model.weight, graphed.model.weight), k
+        assert float(beta_graphed) == pytest.approx(beta_eager, rel=1e-6)
+    rows, whole = graphed._tables[next(iter(graphed._tables))]
+    assert whole and len(rows) == 81  # to max_steps 80: the index needs no clamp
+    assert graphed._betas_by_iteration(8, start, seen0, 80, torch.device("cpu")) is None  # another batch size
+    done = EMA(source, half_life_kimg=0.01, rampup=0.05)
+    constant = done._betas_by_iteration(per, 100, 400, 1000, torch.device("cpu"))
+    assert constant == done.beta(per, 400)  # the ramp-up is over: the host's float, baked into a graph as is
+
+
 def test_the_ema_ramp_up_reads_the_images_seen_before_the_iteration_as_nvlabs(make_cfg):
     """StyleGAN2-ADA training/training_loop.py: ema_nimg = min(ema_kimg * 1000, cur_nimg * ema_rampup), beta = 0.5 **
     (batch / max(ema_nimg, 1e-8)), with cur_nimg advanced after the update. Batch 16, ramp-up 0.05: iteration 0

@@ -383,3 +383,27 @@ def test_the_cuda_stages_code_runs_on_a_cpu_with_stand_in_streams(net, tmp_path,
     assert fake.calls.count(("record", encode_stream)) == 3  # each result kept alive for the encode stream
     # Two tile rows an image (32-px tiles on 40-48 px), one batch each: six network stages of 2 ms by the events.
     assert times.network == pytest.approx(6 * 2.0 / 1000.0)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (pytest -m gpu on a GPU machine)")
+@pytest.mark.parametrize("orientation", [3, 6, 8])
+def test_gpu_decoded_jpegs_come_out_upright_as_the_cpu_decoder_gives_them(tmp_path, orientation):
+    """The device decode plus `exif_oriented` gives the CPU decoder's upright image (torchvision's CPU decoder
+    honours EXIF orientation, its CUDA one does not): this also fails, by turning the image twice, if a torchvision
+    release starts honouring it on CUDA."""
+    from pixelsmith.style.pipeline import EXIF_ORIENTATION, decode_jpeg_on_device
+
+    pixels = photo(48, 32, 1)  # not square
+    image = Image.fromarray(pixels)
+    exif = image.getexif()
+    exif[EXIF_ORIENTATION] = orientation
+    path = tmp_path / "oriented.jpg"
+    image.save(path, quality=95, exif=exif.tobytes())
+    on_cpu = decode_jpeg_on_device(path, CPU)
+    on_gpu = decode_jpeg_on_device(path, torch.device("cuda")).cpu()
+    unturned = torch.from_numpy(pixels).int()
+    # The CPU decoder did turn it: another shape (6, 8), or the same shape with other pixels (3: upside down).
+    assert on_cpu.shape != unturned.shape or (on_cpu.int() - unturned).abs().float().mean() > 10
+    assert on_gpu.shape == on_cpu.shape
+    assert (on_gpu.int() - on_cpu.int()).abs().float().mean() < 2.0  # nvJPEG and libjpeg-turbo round alike

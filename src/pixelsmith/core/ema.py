@@ -16,8 +16,10 @@ from torch import Tensor, nn
 from pixelsmith.core.precision import NO_FLOAT64_DEVICES
 
 # The longest ramp-up (in iterations) whose betas the graphed path tabulates (8 bytes each on the device); a longer
-# one is computed on the device each iteration.
+# one is computed on the device each iteration. Up to WHOLE_TABLE iterations the table reaches the run's last
+# iteration, so its index needs no clamp (a few hundred kilobytes, built in well under a second).
 MAX_TABLE = 1 << 20
+WHOLE_TABLE = 1 << 16
 
 
 class EMA(nn.Module):
@@ -76,25 +78,42 @@ class EMA(nn.Module):
         images_seen: int,
         last_iteration: int,
         device: torch.device,
-    ) -> tuple[Tensor, bool] | None:
-        """Rows [lerp weight, beta] (float32; the weight is 1 - beta as the eager path's kernel rounds it) for every
-        iteration from 0, computed on the host by `beta` from the host's `iteration` and `images_seen` (later
-        iterations add `images_per_iteration` each: a graphed run's batch is fixed), and whether the table reaches
-        `last_iteration` (no clamp of the index needed). A replay then reads its beta with one index instead of a
-        chain of scalar kernels. None where the device must compute it: a scheduled half-life, or a ramp-up longer
-        than MAX_TABLE iterations."""
-        key = (images_per_iteration, iteration, images_seen, last_iteration, device)
+    ) -> float | tuple[Tensor, bool] | None:
+        """The graphed path's betas, worked out on the host from the host's `iteration` and `images_seen` at the
+        run's start (later iterations add `images_per_iteration` each: a graphed run's batch is fixed):
+        - a float: beta is constant from here on (no ramp-up, or the ramp-up is over), the eager path's number;
+        - (rows, whole): rows [lerp weight, beta] (float32; the weight is 1 - beta as the eager path's kernel rounds
+          it) for every iteration from 0 to the ramp-up's end, or to `last_iteration` where that is short (`whole`:
+          no clamp of the index needed). A replay then reads its beta with one index instead of a chain of scalar
+          kernels;
+        - None where the device must compute it: a scheduled half-life, a ramp-up longer than MAX_TABLE iterations,
+          or another batch size than the one the table was made for (its rows are the first one's; graphs already
+          captured keep reading them)."""
+        key = (
+            images_per_iteration,
+            iteration,
+            images_seen,
+            last_iteration,
+            device,
+            self.half_life_kimg,
+            self.rampup,
+        )
         if key in self._tables:
             return self._tables[key]
-        table = None
-        if not self._scheduled and self.rampup:
-            ramp_images = (
-                self.half_life_kimg * 1000.0 / self.rampup
-            )  # images_seen from which beta is constant
-            remaining = max(0.0, ramp_images - images_seen)
-            end = iteration + math.ceil(remaining / images_per_iteration) + 1  # constant from `end` on
-            whole = max(end, last_iteration) <= MAX_TABLE
+        if self._tables or self._scheduled:
+            return None
+        ramp_images = (
+            self.half_life_kimg * 1000.0 / self.rampup if self.rampup else 0.0
+        )  # beta constant from here
+        if images_seen >= ramp_images:
+            plan: float | tuple[Tensor, bool] | None = self.beta(images_per_iteration, images_seen)
+        else:
+            end = iteration + math.ceil(
+                (ramp_images - images_seen) / images_per_iteration
+            )  # constant from here
+            whole = max(end, last_iteration) <= WHOLE_TABLE
             end = max(end, last_iteration) if whole else end
+            plan = None
             if end <= MAX_TABLE:
                 start = max(iteration, 0)
                 betas = [
@@ -103,9 +122,9 @@ class EMA(nn.Module):
                 ]
                 betas = [betas[0]] * start + betas  # iterations before this run's start: never read
                 rows = torch.tensor([[1.0 - b, b] for b in betas], dtype=torch.float32)
-                table = (rows.to(device), whole)
-        self._tables = {key: table}  # one at a time: a new run's start replaces it
-        return table
+                plan = (rows.to(device), whole)
+        self._tables[key] = plan  # kept for the run: captured graphs read its rows
+        return plan
 
     @torch.no_grad()
     def update(
@@ -118,15 +137,14 @@ class EMA(nn.Module):
     ) -> float | Tensor:
         """Move the average towards `source`; returns this iteration's beta. On the graphed path `images_seen` and
         `iteration_now` are the device's counters and `host_start` = (iteration, images_seen, last iteration) the
-        host's at the run's start: the beta then comes from a per-iteration table where one applies
-        (`_betas_by_iteration`)."""
+        host's at the run's start: the beta then comes from the host where it can (`_betas_by_iteration`)."""
         ema_params = list(self.model.parameters())
         src_params = [p.detach() for p in source.parameters()]
-        table = None
+        plan = None
         if isinstance(images_seen, Tensor) and iteration_now is not None and host_start is not None:
-            table = self._betas_by_iteration(images_per_iteration, *host_start, images_seen.device)
-        if table is not None:
-            rows, whole = table
+            plan = self._betas_by_iteration(images_per_iteration, *host_start, images_seen.device)
+        if isinstance(plan, tuple):
+            rows, whole = plan
             # index_select with a one-element index: `rows[0-dim tensor]` would read the index on the host.
             index = (iteration_now if whole else iteration_now.clamp(max=len(rows) - 1)).reshape(1)
             weight, beta = rows.index_select(0, index).unbind(1)
@@ -135,6 +153,10 @@ class EMA(nn.Module):
             )
             self._copy_buffers(source)
             return beta.reshape(())
+        if plan is not None:  # constant: the host's number, as the eager path uses it (a replay bakes it in)
+            torch._foreach_lerp_(ema_params, src_params, 1.0 - plan)
+            self._copy_buffers(source)
+            return plan
         beta = self.beta(images_per_iteration, images_seen)
         if isinstance(beta, Tensor):
             # A tensor weight per parameter (the List overload; a lone 0-dim tensor would be read as a host Scalar,

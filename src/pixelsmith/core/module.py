@@ -168,10 +168,12 @@ class TrainingCore(L.LightningModule):
         scheduled = self._apply_schedules()
         self._guard_steps = []
         try:
-            result = self.train_iteration(batch)
-        except BaseException:
-            self._guard_steps = None
-            raise
+            return self._run_iteration(batch, scheduled)
+        finally:
+            self._guard_steps = None  # an iteration that raised leaves no steps queued for a later one
+
+    def _run_iteration(self, batch: Any, scheduled: dict[str, Any]) -> IterationResult:
+        result = self.train_iteration(batch)
         if not isinstance(result, IterationResult):
             raise PixelsmithError(
                 f"{type(self).__name__}.train_iteration returned {type(result).__name__}; return "

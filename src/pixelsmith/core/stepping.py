@@ -30,7 +30,9 @@ def skip_flag(value: torch.Tensor) -> torch.Tensor:
     """1.0 where `value` is inf or NaN, else 0.0 (or -0.0), in two kernels: x * 0 is zero for finite x and NaN
     otherwise. A float, because that is what the fused optimizer's `found_inf` and the guard's counters take: no cast
     kernel between the check and its uses."""
-    return value.mul(0).nan_to_num_(nan=1.0)
+    # float32 whatever the loss's dtype (a float64 loss would give a float64 flag, which the fused kernel refuses);
+    # no kernel where it is float32 already.
+    return value.mul(0).nan_to_num_(nan=1.0).float()
 
 
 def global_norm(grads: list[torch.Tensor]) -> torch.Tensor:
