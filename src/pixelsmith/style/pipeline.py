@@ -255,7 +255,7 @@ def jpeg_with_icc_profile(jpeg: bytes, icc_profile: bytes | None) -> bytes:
     return jpeg[:insert_at] + segments + jpeg[insert_at:]
 
 
-def decode_jpeg_on_device(source: Path, device: torch.device) -> Tensor:
+def decode_jpeg_on_device(source: Path, device: torch.device, orientation: int | None = None) -> Tensor:
     """(H, W, 3) uint8 on `device`: nvJPEG on CUDA, libjpeg-turbo on a CPU, EXIF orientation applied.
 
     On CUDA the decode is complete on return: the caller's current stream is synchronised (pytorch/vision#9606: the
@@ -272,10 +272,18 @@ def decode_jpeg_on_device(source: Path, device: torch.device) -> Tensor:
         raise ImageReadError(f"{source}: decoded to {image.shape[0]} channels, not RGB")
     if device.type == "cuda":
         # torchvision's CUDA decoder ignores apply_exif_orientation (its CPU decoder honours it): a phone photo
-        # would come out lying on its side. The orientation is read from the header on the host and applied here.
-        with Image.open(source) as header:
-            image = exif_oriented(image, header.getexif().get(EXIF_ORIENTATION, 1))
+        # would come out lying on its side. The orientation is read from the header on the host (`orientation`,
+        # where the caller has read it already) and applied here.
+        if orientation is None:
+            orientation = jpeg_header(source)[0]
+        image = exif_oriented(image, orientation)
     return image.permute(1, 2, 0)
+
+
+def jpeg_header(source: Path) -> tuple[int, bytes | None]:
+    """(EXIF orientation, ICC profile) of an image file, from its header only: what a device decoder drops."""
+    with Image.open(source) as header:
+        return header.getexif().get(EXIF_ORIENTATION, 1), header.info.get("icc_profile")
 
 
 EXIF_ORIENTATION = 0x0112
@@ -772,15 +780,18 @@ def run_pipeline(
         if isinstance(item.pending, str) and item.pending == "device":
             decode_start = time.perf_counter()
             try:
+                orientation, icc_profile = jpeg_header(source)  # the device decoders drop both
                 with stages.decode():  # CUDA: on the decode stream, waited for alone (pytorch/vision#9606)
                     if options.jpeg_codec == "nvimgcodec":
                         pixels: np.ndarray | Tensor = decode_jpeg_nvimgcodec(source, device)
                     else:
-                        pixels = decode_jpeg_on_device(source, device)
+                        pixels = decode_jpeg_on_device(source, device, orientation)
                 alpha = None
-                with Image.open(source) as header:  # the colour profile: the device decoder drops it
-                    icc_profile = header.info.get("icc_profile")
-            except (RuntimeError, ImageReadError) as error:
+            except (
+                RuntimeError,
+                OSError,
+                ImageReadError,
+            ) as error:  # OSError: Pillow could not read the header
                 note(
                     f"note: the device JPEG decoder refused {source.name} ({error}); decoded on the host instead"
                 )
