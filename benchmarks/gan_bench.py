@@ -44,8 +44,11 @@ from typing import Any
 from benchmarks.child import child_env
 from benchmarks.harness import (
     CLOCK_TARGET,
+    PROFILE_TARGET,
     IterationClock,
+    KernelProfile,
     compose,
+    profiled,
     require_every_iteration,
     window_edges,
 )
@@ -107,7 +110,8 @@ def cell_overrides(cell: Cell, args: dict[str, Any]) -> list[str]:
         f"data.resolution={args['resolution']}",
         "data.channels=3",
         f"data.batch_size={cell.batch_size}",
-        f"max_steps={args['warmup'] + args['steps']}",
+        # Profiled iterations (`profile_iterations`) run after the timed window: they do not touch its clock.
+        f"max_steps={args['warmup'] + args['steps'] + args.get('profile_iterations', 0)}",
         "train.progress_bar=false",
         "train.sample_every_n_steps=0",  # the grid at step 0 is outside the timed window anyway
         *args.get("extra_overrides", []),
@@ -164,6 +168,8 @@ def child_main(spec: dict[str, Any]) -> dict[str, Any]:
     output_dir = Path(spec["output_dir"])
     cfg = child_config(spec)
     result: dict[str, Any] = {"kind": spec["kind"], "cell": asdict(cell)}
+    # Iterations profiled after the timed window (`harness.KernelProfile`): kernel time and count per iteration.
+    profile_iterations = int(spec.get("profile_iterations") or 0)
     if spec["kind"] in ("template", "template_graphed"):
         from omegaconf import open_dict
 
@@ -172,11 +178,17 @@ def child_main(spec: dict[str, Any]) -> dict[str, Any]:
         with open_dict(cfg):
             cfg.callbacks = cfg.callbacks or {}
             cfg.callbacks.bench_clock = {"_target_": CLOCK_TARGET}
+            if profile_iterations:
+                cfg.callbacks.kernel_profile = {"_target_": PROFILE_TARGET}
         IterationClock.synchronize_after = window_edges(spec["warmup"], spec["steps"])
+        KernelProfile.first, KernelProfile.count = spec["warmup"] + spec["steps"] + 1, profile_iterations
         try:
-            require_every_iteration(run(cfg), spec["warmup"] + spec["steps"])
+            require_every_iteration(run(cfg), spec["warmup"] + spec["steps"] + profile_iterations)
         finally:
             IterationClock.synchronize_after = frozenset()  # a later run in this process times its own window
+            KernelProfile.count = 0
+        if profile_iterations:
+            result["profile"] = KernelProfile.summary
         ends, cpu_ends = IterationClock.ends, IterationClock.cpu_ends
         breakdown = output_dir / "perf" / "breakdown.csv"
         if breakdown.is_file():
@@ -192,7 +204,7 @@ def child_main(spec: dict[str, Any]) -> dict[str, Any]:
     else:
         import lightning as L
 
-        from benchmarks.plain_loop import build_plain_gan, plain_loader, run_plain
+        from benchmarks.plain_loop import build_plain_gan, endless, plain_loader, run_plain
         from pixelsmith.hardware.settings import apply_hardware
         from pixelsmith.run.build import resolve_hardware
 
@@ -203,12 +215,15 @@ def child_main(spec: dict[str, Any]) -> dict[str, Any]:
         gan = build_plain_gan(cfg, hardware, hardware.optimizer_impl, capturable=graphed)
         loader = plain_loader(cfg, hardware)
         if graphed:
-            from benchmarks.plain_loop import GraphedPlainGAN, endless
+            from benchmarks.plain_loop import GraphedPlainGAN
 
             gan = GraphedPlainGAN(gan, next(endless(loader)), capture=torch.cuda.is_available())
         ends, cpu_ends = run_plain(
             gan, loader, spec["warmup"] + spec["steps"], window_edges(spec["warmup"], spec["steps"])
         )
+        if profile_iterations:
+            batches = endless(loader)
+            result["profile"] = profiled(profile_iterations, lambda: gan.step(next(batches)))
         if spec.get("count_flops"):
             result.update(
                 _count_plain_flops(cfg, hardware, hardware.optimizer_impl, spec["warmup"], spec["steps"])

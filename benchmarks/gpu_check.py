@@ -605,6 +605,10 @@ ALL_KINDS = ("template", "template_graphs", "plain", "graphed")
 # The template's logging interval in the bench cells (train.log_every_n_steps' default): the quiet kind sets it past
 # the timed window, so the two graphed kinds' rates give a logging iteration's cost in ordinary iterations.
 BENCH_LOG_EVERY = 10
+# Iterations profiled after each DCGAN run's timed window (`benchmarks.harness.KernelProfile`): the device's kernel
+# time and count per iteration and the costliest kernels, per kind and precision. Where two kinds' img/s differ,
+# this says whether the device's work differs (kernels, their time) or only how the host feeds it.
+PROFILE_ITERATIONS = 10
 # NVlabs StyleGAN2 paper256 widths (cbase 16384, cmax 512, 8 mapping layers, 512-d z and w).
 STYLEGAN2_PAPER256 = (
     "model.generator.z_dim=512",
@@ -707,6 +711,7 @@ def _gan_spec(
             Cell(cell.model, cell.precision, True, gpu and args.compile, cell.batch_size, "fused")
         ),
         "output_dir": str(work / re.sub(r"[^A-Za-z0-9_.-]+", "_", f"{cell.label}_{kind}")),
+        "profile_iterations": PROFILE_ITERATIONS if cell.model == "dcgan" else 0,
         "count_flops": count_flops,  # once per cell: the same networks do the same FLOPs in every kind
     }
 
@@ -858,6 +863,7 @@ def _bench_rows(report, cells, results, flops_of, env) -> None:
                 **row,
                 img_per_s=rate,
                 ms_per_iteration=profile.get("text"),
+                kernels_per_iteration=kernels_text(result.get("profile")),
                 mfu=f"{100 * mfu:.1f}%" if mfu is not None else "n/a",
                 gflop_per_iteration=flop / 1e9 if flop else None,
                 result=f"{cell.warmup} warm-up + {cell.steps} timed iterations",
@@ -868,6 +874,7 @@ def _bench_rows(report, cells, results, flops_of, env) -> None:
                     "peak_source": source,
                     "flops_per_iteration": flop,
                     "iteration_ms": profile,
+                    "profile": result.get("profile"),
                 },
             )
     for label, numerator, denominator, target, how in bench_ratios(cells, results, env):
@@ -884,6 +891,19 @@ def _bench_rows(report, cells, results, flops_of, env) -> None:
             result=f"{value:.3f}" if value is not None else "n/a (a run is missing)",
             status=status,
         )
+
+
+def kernels_text(profile: dict[str, Any] | None, top: int = 3) -> str | None:
+    """A profiled run's work per iteration, as the table shows it: time and count of the device's kernels (of the
+    host's operators on a CPU) and the costliest few, in microseconds per iteration."""
+    if not profile:
+        return None
+    what = "kernels" if profile["timed"] == "device kernels" else "host ops"
+    costliest = "; ".join(f"{row['name'][:48]} {row['us']:.0f} us" for row in profile["top"][:top])
+    return (
+        f"{profile['ms_per_iteration']:.2f} ms in {profile['count_per_iteration']:.0f} {what}; "
+        f"costliest: {costliest}"
+    )
 
 
 def iteration_profile(seconds: list[float], cell: BenchCell, kind: str) -> dict[str, Any]:
@@ -1275,6 +1295,7 @@ COLUMNS = {
         "kind",
         "img_per_s",
         "ms_per_iteration",
+        "kernels_per_iteration",
         "mfu",
         "gflop_per_iteration",
         "result",

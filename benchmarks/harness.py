@@ -1,6 +1,7 @@
 """What every benchmark here shares: composing the real config tree with the outputs in a chosen dir and without the
 main job's time budget, `IterationClock`, the callback that stamps the end of every training iteration of a template
-run, and `require_every_iteration`, the check that a run trained every iteration a benchmark times.
+run, `require_every_iteration`, the check that a run trained every iteration a benchmark times, and `KernelProfile`,
+which profiles a few iterations after the timed window: where a window's time went, kernel by kernel.
 
 A template run names the clock as a config entry (`cfg.callbacks.bench_clock`, `CLOCK_TARGET`), so Hydra
 instantiates it like any other callback; the benchmark reads the class-level lists after `pixelsmith.run.fit.run`.
@@ -16,6 +17,7 @@ from lightning.pytorch.callbacks import Callback
 from pixelsmith.errors import PixelsmithError
 
 CLOCK_TARGET = "benchmarks.harness.IterationClock"
+PROFILE_TARGET = "benchmarks.harness.KernelProfile"
 # The main job's wall-clock budget (`train.time_budget_minutes`, 4.5 min in conf/train.yaml) ends a run at the first
 # iteration past it; on a slow CPU a benchmark run would then stop inside its timed window. Every config composed
 # here starts with this override, so a benchmark trains all max_steps; an explicit budget later in the overrides
@@ -56,6 +58,83 @@ class IterationClock(Callback):
             synchronize_device()
         IterationClock.ends.append(time.perf_counter())
         IterationClock.cpu_ends.append(time.process_time())
+
+
+def profiled(iterations: int, step) -> dict:
+    """Run `step()` `iterations` times under torch.profiler (CUDA's kernels too where a GPU runs) and summarise them
+    (`profile_summary`); the device is synchronised before the profile ends, so every kernel launched is in it."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    activities = [ProfilerActivity.CPU]
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        activities.append(ProfilerActivity.CUDA)
+    with profile(activities=activities) as prof:
+        for _ in range(iterations):
+            step()
+        synchronize_device()
+    return profile_summary(prof, iterations)
+
+
+def profile_summary(prof, iterations: int, top: int = 8) -> dict:
+    """Per iteration: the device's kernel time and kernel count (a replayed graph's kernels included), or, on a
+    CPU, the host's operator time and count; and the `top` kernels (operators) by time. A time per iteration far
+    above what the clock saw means work the clock did not wait for; two kinds' kernel counts compare their
+    bookkeeping on the device itself."""
+    from torch.autograd import DeviceType
+
+    events = prof.key_averages()
+    kernels = [e for e in events if e.device_type == DeviceType.CUDA]
+    on_device = bool(kernels)
+    rows = kernels if on_device else [e for e in events if e.device_type == DeviceType.CPU]
+
+    def micros(e) -> float:
+        return e.self_device_time_total if on_device else e.self_cpu_time_total
+
+    rows.sort(key=micros, reverse=True)
+    return {
+        "timed": "device kernels" if on_device else "host operators",
+        "ms_per_iteration": sum(micros(e) for e in rows) / 1e3 / iterations,
+        "count_per_iteration": sum(e.count for e in rows) / iterations,
+        "top": [
+            {"name": e.key[:100], "calls": e.count / iterations, "us": micros(e) / iterations}
+            for e in rows[:top]
+        ],
+    }
+
+
+class KernelProfile(Callback):
+    """Profiles the template's iterations `first` .. `first + count - 1` (1-based; class-level, set by the bench
+    child before `run()`, read after it as `summary`)."""
+
+    first = 0
+    count = 0
+    summary: dict | None = None
+    _profile = None
+    _seen = 0
+
+    def on_train_start(self, trainer, pl_module) -> None:
+        KernelProfile.summary, KernelProfile._seen = None, 0
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
+        import torch
+        from torch.profiler import ProfilerActivity, profile
+
+        KernelProfile._seen += 1
+        if KernelProfile._seen == KernelProfile.first and KernelProfile.count:
+            activities = [ProfilerActivity.CPU]
+            if torch.cuda.is_available() and torch.cuda.is_initialized():
+                activities.append(ProfilerActivity.CUDA)
+            KernelProfile._profile = profile(activities=activities)
+            KernelProfile._profile.__enter__()
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        prof = KernelProfile._profile
+        if prof is not None and KernelProfile._seen == KernelProfile.first + KernelProfile.count - 1:
+            synchronize_device()
+            prof.__exit__(None, None, None)
+            KernelProfile._profile = None
+            KernelProfile.summary = profile_summary(prof, KernelProfile.count)
 
 
 def compose(overrides: list[str], output_dir: Path):

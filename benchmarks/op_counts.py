@@ -9,6 +9,9 @@ iterations are reported apart (they read values on the host).
 
 Bookkeeping that grows with the number of parameter tensors (a copy or a cast per gradient) shows as a count that
 grows with the model's depth: `count_per_iteration` at two resolutions of the same network tells them apart.
+
+Both precisions are counted: bf16-mixed (the GPU profiles' precision) adds autocast's casts to both loops alike, and
+any bookkeeping of the template's own that depends on the precision shows as a different ratio.
 """
 
 from __future__ import annotations
@@ -98,10 +101,13 @@ def _config(model: str, resolution: int, iterations: int, output_dir: Path, extr
     return cfg
 
 
-def template_counts(model: str, resolution: int, iterations: int, workdir: Path, extra=()) -> list[int]:
+def template_counts(
+    model: str, resolution: int, iterations: int, workdir: Path, extra=(), precision: str = "32-true"
+) -> list[int]:
     from pixelsmith.run.fit import run
 
-    cfg = _config(model, resolution, iterations, workdir / f"template-{model}-{resolution}", list(extra))
+    run_dir = workdir / f"template-{model}-{resolution}-{precision}"
+    cfg = _config(model, resolution, iterations, run_dir, [f"precision={precision}", *extra])
     run(cfg)
     # The instance Hydra made is of this module as imported by name, not of `__main__` when run with -m.
     from benchmarks.op_counts import OpCounter as counter
@@ -109,13 +115,16 @@ def template_counts(model: str, resolution: int, iterations: int, workdir: Path,
     return list(counter.counts)
 
 
-def plain_counts(model: str, resolution: int, iterations: int, workdir: Path) -> list[int]:
+def plain_counts(
+    model: str, resolution: int, iterations: int, workdir: Path, precision: str = "32-true"
+) -> list[int]:
     import lightning as L
 
     from benchmarks.plain_loop import build_plain_gan, endless, plain_loader
     from pixelsmith.run.build import resolve_hardware
 
-    cfg = _config(model, resolution, iterations, workdir / f"plain-{model}-{resolution}", [])
+    run_dir = workdir / f"plain-{model}-{resolution}-{precision}"
+    cfg = _config(model, resolution, iterations, run_dir, [f"precision={precision}"])
     hardware = resolve_hardware(cfg)
     L.seed_everything(cfg.seed, verbose=False)
     gan = build_plain_gan(cfg, hardware, "fused")
@@ -146,23 +155,35 @@ def per_iteration(counts: list[int], skip: int = 2) -> dict[str, float]:
     }
 
 
-def measure(models=("dcgan", "stylegan2"), resolution: int = 16, iterations: int = 2 * LOG_EVERY + 2):
+PRECISIONS = ("32-true", "bf16-mixed")
+
+
+def measure(
+    models=("dcgan", "stylegan2"),
+    resolution: int = 16,
+    iterations: int = 2 * LOG_EVERY + 2,
+    precisions=PRECISIONS,
+):
+    """{(model, precision): {"template": per_iteration(...), "plain": per_iteration(...)}}."""
     results = {}
     with tempfile.TemporaryDirectory() as tmp:
         for model in models:
-            template = per_iteration(template_counts(model, resolution, iterations, Path(tmp)))
-            plain = per_iteration(plain_counts(model, resolution, iterations, Path(tmp)))
-            results[model] = {"template": template, "plain": plain}
+            for precision in precisions:
+                counts = template_counts(model, resolution, iterations, Path(tmp), precision=precision)
+                plain = plain_counts(model, resolution, iterations, Path(tmp), precision)
+                results[model, precision] = {"template": per_iteration(counts), "plain": per_iteration(plain)}
     return results
 
 
 def report(results: dict) -> str:
-    lines = ["aten ops per iteration (views excluded), template graphed path vs plain loop, CPU fp32"]
-    lines.append(f"{'model':<10} {'plain':>8} {'template':>9} {'ratio':>6} {'quiet':>7} {'logging':>8}")
-    for model, r in results.items():
+    lines = ["aten ops per iteration (views excluded), template graphed path vs plain loop, CPU"]
+    lines.append(
+        f"{'model':<10} {'precision':<11} {'plain':>8} {'template':>9} {'ratio':>6} {'quiet':>7} {'logging':>8}"
+    )
+    for (model, precision), r in results.items():
         plain, template = r["plain"]["all"], r["template"]
         lines.append(
-            f"{model:<10} {plain:8.1f} {template['all']:9.1f} {template['all'] / plain:6.2f} "
+            f"{model:<10} {precision:<11} {plain:8.1f} {template['all']:9.1f} {template['all'] / plain:6.2f} "
             f"{template['quiet'] / r['plain']['quiet']:7.2f} {template['logging'] / r['plain']['logging']:8.2f}"
         )
     lines.append("ratio: every iteration; quiet: iterations that log nothing; logging: a logging iteration")
@@ -173,9 +194,10 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--models", nargs="+", default=["dcgan", "stylegan2"], choices=sorted(SMALL))
     parser.add_argument("--resolution", type=int, default=16)
+    parser.add_argument("--precisions", nargs="+", default=list(PRECISIONS), choices=PRECISIONS)
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
-    print(report(measure(tuple(args.models), args.resolution)))
+    print(report(measure(tuple(args.models), args.resolution, precisions=tuple(args.precisions))))
     return 0
 
 

@@ -484,3 +484,47 @@ def test_a_nan_loss_streak_stops_the_run_within_two_logging_intervals(cuda_graph
     assert module.nonfinite_skipped == module.iteration - 2
     for before in module.weights_before[3:]:
         assert torch.equal(before, module.weights_before[2])
+
+
+class BackwardHooks(L.Callback):
+    """Counts Lightning's hooks around each backward; its mere presence sends the core through `manual_backward`."""
+
+    def __init__(self):
+        self.before = self.after = 0
+
+    def on_before_backward(self, trainer, pl_module, loss):
+        self.before += 1
+
+    def on_after_backward(self, trainer, pl_module):
+        self.after += 1
+
+
+@pytest.mark.parametrize("precision", ["32-true", "16-mixed"])
+def test_backward_skips_lightnings_dispatch_only_where_no_hook_would_run_and_trains_the_same(precision):
+    """Without a hook around the backward (nor another precision plugin or a DDP wrapper), the core calls
+    `loss.backward()` itself: the same gradients and weights, bit for bit, as through Lightning's `manual_backward`,
+    which a run with such a hook still takes (every hook called once per backward). fp16: the scaled loss either way."""
+    hooks = BackwardHooks()
+    through_lightning = TinyCore(CoreSettings(precision=precision, clip_grad_norm=1.0, max_steps=4))
+    _fit(through_lightning, callbacks=[hooks])
+    direct = TinyCore(CoreSettings(precision=precision, clip_grad_norm=1.0, max_steps=4))
+    _fit(direct)
+    assert not through_lightning._direct_backward and direct._direct_backward
+    assert hooks.before == hooks.after == 4  # one backward an iteration, each with both hooks
+    assert direct.grad_norms_at_step == through_lightning.grad_norms_at_step
+    for a, b in zip(direct.weights_before, through_lightning.weights_before, strict=True):
+        assert torch.equal(a, b)
+    assert torch.equal(direct.net.weight, through_lightning.net.weight)
+
+
+def test_a_model_overriding_lightnings_backward_keeps_it():
+    class OwnBackward(TinyCore):
+        calls = 0
+
+        def backward(self, loss, *args, **kwargs):
+            OwnBackward.calls += 1
+            loss.backward(*args, **kwargs)
+
+    module = OwnBackward(CoreSettings(precision="32-true", max_steps=3))
+    _fit(module)
+    assert not module._direct_backward and OwnBackward.calls == 3

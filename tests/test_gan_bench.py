@@ -324,3 +324,20 @@ def test_no_mfu_when_even_a_new_measurement_is_below_the_achieved_flops(tmp_path
     }
     text = gan_bench.bench_markdown(report)
     assert "no plausible peak" in text and "MFU above 100%" not in text
+
+
+@pytest.mark.parametrize("kind", ["template", "plain"])
+def test_iterations_profiled_after_the_window_say_where_an_iteration_went(tmp_path, kind):
+    """`profile_iterations` runs that many iterations after the timed window under torch.profiler: on a CPU the
+    host's operators (on a GPU the device's kernels, a replayed graph's included) per iteration, with the costliest
+    first, and the window's figures as they were."""
+    spec = _spec(tmp_path, kind, profile_iterations=2)
+    result = gan_bench.child_main(spec)
+    profile = result["profile"]
+    assert profile["timed"] == "host operators"
+    # A DCGAN iteration is two convolution stacks forward and backward: dozens of operators, some convolutions.
+    assert profile["count_per_iteration"] > 50 and profile["ms_per_iteration"] > 0
+    tops = [row["us"] for row in profile["top"]]
+    assert tops == sorted(tops, reverse=True) and len(tops) == 8
+    assert any("conv" in row["name"] for row in profile["top"])
+    assert len(result["iteration_seconds"]) == spec["steps"]  # the window is untouched by the profiled iterations

@@ -262,6 +262,17 @@ def _canned_gan_child(times_out: set[str], fails: set[str]):
         result = {"kind": spec["kind"], "cell": cell, "img_per_s": rate}
         if spec["count_flops"]:
             result["flops_per_iteration"] = 4e9
+        if spec["profile_iterations"]:  # what harness.profile_summary gives on a GPU
+            top = [
+                {"name": "sm90_xmma_fprop", "calls": 3.0, "us": 400.0},
+                {"name": "adam", "calls": 2.0, "us": 9.5},
+            ]
+            result["profile"] = {
+                "timed": "device kernels",
+                "ms_per_iteration": 1.5,
+                "count_per_iteration": 212.0,
+                "top": top,
+            }
         return result
 
     return run_child
@@ -279,7 +290,8 @@ def test_the_bench_stage_tables_every_cell_mfu_and_the_targets_ratios(tmp_path, 
     markdown, table = _table(out, "bench")
     _header_is_complete(markdown, "bench")
     assert table["columns"] == [
-        "cell", "kind", "img_per_s", "ms_per_iteration", "mfu", "gflop_per_iteration", "result", "status"
+        "cell", "kind", "img_per_s", "ms_per_iteration", "kernels_per_iteration", "mfu", "gflop_per_iteration",
+        "result", "status",
     ]  # fmt: skip
     rows = {(r["cell"], r["kind"]): r for r in table["rows"]}
     bf16, fp32 = "DCGAN-32 b8 bf16-mixed", "DCGAN-32 b8 32-true"
@@ -287,6 +299,11 @@ def test_the_bench_stage_tables_every_cell_mfu_and_the_targets_ratios(tmp_path, 
     assert template["img_per_s"] == 2000.0 and template["status"] == "ok"
     assert template["mfu"] == f"{100 * 4e9 * 2000.0 / 8 / 1e12:.1f}%"  # FLOPs x iterations/s / peak
     assert template["gflop_per_iteration"] == 4.0
+    # The DCGAN runs profile iterations after their window: the device's work per iteration, costliest kernels first.
+    assert template["kernels_per_iteration"] == (
+        "1.50 ms in 212 kernels; costliest: sm90_xmma_fprop 400 us; adam 10 us"
+    )
+    assert rows["StyleGAN2-32 tiny b4 bf16-mixed", "plain loop"]["kernels_per_iteration"] is None
     failed = rows[bf16, "template, hardware.cuda_graphs=true"]
     assert failed["status"] == "fail" and "RuntimeError: capture failed" in failed["result"]
     hung = rows[fp32, "hand-captured graph (plain step)"]

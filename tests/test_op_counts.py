@@ -46,3 +46,16 @@ def test_bookkeeping_does_not_grow_with_the_parameter_tensors(counts):
 def test_bookkeeping_is_a_handful_of_operations(counts):
     template, plain = counts[16]
     assert template["quiet"] - plain["quiet"] <= MAX_EXTRA_OPS
+
+
+def test_bf16_adds_autocasts_casts_to_both_loops_alike(counts, tmp_path):
+    """bf16-mixed, the GPU profiles' precision: autocast's casts are in both loops; the template's own bookkeeping is
+    the same handful as in fp32 (no cast of its own per gradient, no precision-dependent step)."""
+    template = op_counts.per_iteration(
+        op_counts.template_counts("dcgan", 16, 12, tmp_path, precision="bf16-mixed")
+    )
+    plain = op_counts.per_iteration(op_counts.plain_counts("dcgan", 16, 12, tmp_path, "bf16-mixed"))
+    fp32_template, fp32_plain = counts[16]
+    assert plain["quiet"] > fp32_plain["quiet"]  # autocast really casts (weights and activations to bf16)
+    assert template["quiet"] - plain["quiet"] <= MAX_EXTRA_OPS
+    assert template["quiet"] - plain["quiet"] <= fp32_template["quiet"] - fp32_plain["quiet"] + 1

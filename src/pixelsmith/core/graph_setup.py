@@ -1,6 +1,10 @@
 """Deciding, at the start of training, whether a run's iterations can be replayed as CUDA graphs, and preparing the
 optimizers for it (`hardware.cuda_graphs`). The rules a model follows to qualify are in `core/graphs.py`'s
-docstring; `CudaGraphSetup.blockers` names each one a run breaks, at start-up."""
+docstring; `CudaGraphSetup.blockers` names each one a run breaks, at start-up.
+
+Also decided there from the same hooks: whether Lightning's `manual_backward` would do anything but `loss.backward()`
+(`lightning_backward_is_inert`); where it would not, the core skips its hook dispatch, a fixed host cost per backward.
+"""
 
 from __future__ import annotations
 
@@ -9,6 +13,9 @@ from typing import Any
 
 import lightning as L
 import torch
+from lightning.pytorch.plugins.precision import Precision
+from lightning.pytorch.strategies import DDPStrategy, Strategy
+from torch.nn.parallel import DistributedDataParallel
 
 from pixelsmith.core.graphs import IterationGraphs
 from pixelsmith.core.host_reads import host_reads_allowed
@@ -17,6 +24,40 @@ log = logging.getLogger(__name__)
 
 # Lightning calls these from inside `manual_backward`, i.e. inside a captured iteration: a replay would skip them.
 HOOKS_INSIDE_THE_STEP = ("on_before_backward", "on_after_backward")
+
+
+def classes_with_backward_hooks(core: Any) -> list[str]:
+    """The model's and callbacks' class names that override a hook Lightning calls around every backward."""
+    return [
+        type(obj).__name__
+        for obj, base in [(core, L.LightningModule), *((c, L.Callback) for c in core.trainer.callbacks)]
+        for hook in HOOKS_INSIDE_THE_STEP
+        if getattr(type(obj), hook) is not getattr(base, hook)
+    ]
+
+
+def lightning_backward_is_inert(core: Any) -> bool:
+    """Whether `core.manual_backward(loss)` would do exactly `loss.backward()`: the base precision plugin (the core
+    runs mixed precision itself, so the Trainer's is always 32-true), a strategy whose backward hooks act on nothing
+    here (single device, or the core's DDP without a DistributedDataParallel wrapper), and no model or callback hook
+    around the backward. Lightning's dispatch through those hooks costs tens of microseconds of host time a
+    backward: an eager GPU loop at small sizes is bound by exactly that time."""
+    strategy = core.trainer.strategy
+    base_pre, base_post = Strategy.pre_backward, Strategy.post_backward
+    strategy_inert = (
+        type(strategy).backward is Strategy.backward
+        and type(strategy).pre_backward in (base_pre, DDPStrategy.pre_backward)
+        and type(strategy).post_backward in (base_post, DDPStrategy.post_backward)
+        # DDPStrategy's hooks act on a DistributedDataParallel wrapper only (the core's DDP has none).
+        and not isinstance(strategy.model, DistributedDataParallel)
+    )
+    return (
+        strategy_inert
+        and type(strategy.precision_plugin) is Precision
+        and type(core).backward is L.LightningModule.backward
+        and core._fabric is None
+        and not classes_with_backward_hooks(core)
+    )
 
 
 class CudaGraphSetup:
@@ -44,12 +85,7 @@ class CudaGraphSetup:
                 f"optimizer(s) {unfused} are not fused (hardware.optimizer_impl=fused): the host decides their "
                 "skipped steps"
             )
-        hooked = [
-            type(obj).__name__
-            for obj, base in [(core, L.LightningModule), *((c, L.Callback) for c in core.trainer.callbacks)]
-            for hook in HOOKS_INSIDE_THE_STEP
-            if getattr(type(obj), hook) is not getattr(base, hook)
-        ]
+        hooked = classes_with_backward_hooks(core)
         if hooked:
             reasons.append(
                 f"{', '.join(sorted(set(hooked)))} run(s) code in {' / '.join(HOOKS_INSIDE_THE_STEP)}, which a "

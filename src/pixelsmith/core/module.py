@@ -44,7 +44,7 @@ from pixelsmith.core.config import CoreSettings, EMAConfig
 from pixelsmith.core.contract import IterationResult, OptimizerDefinition
 from pixelsmith.core.ema import EMA
 from pixelsmith.core.fsdp import MultiNetworkFSDPStrategy
-from pixelsmith.core.graph_setup import CudaGraphSetup
+from pixelsmith.core.graph_setup import CudaGraphSetup, lightning_backward_is_inert
 from pixelsmith.core.graphs import IterationGraphs
 from pixelsmith.core.guard import NonFiniteGuard
 from pixelsmith.core.host_reads import host_reads_allowed
@@ -115,6 +115,9 @@ class TrainingCore(L.LightningModule):
         self._lr_scale_and_betas_power: dict[str, tuple[float, float]] = {}
         # Where the start-up went (core/startup.py): compile per network, each plan's first run and capture.
         self.startup = StartupReport()
+        # Whether Lightning's `manual_backward` would do nothing but `loss.backward()` in this run (set at the start
+        # of training, `lightning_backward_is_inert`): then the core calls it directly.
+        self._direct_backward = False
 
     # ---- what a subclass provides ------------------------------------------------------------------------------
     def networks(self) -> dict[str, nn.Module]:
@@ -398,8 +401,13 @@ class TrainingCore(L.LightningModule):
                 if isinstance(net, FSDPModule):
                     net.set_requires_gradient_sync(calls >= self.core.accumulate)
         # A division by 1 would be a kernel that changes nothing.
-        scaled = loss if self.core.accumulate == 1 else loss / self.core.accumulate
-        self.manual_backward(self.mixed_precision.scale(scaled))
+        scaled = self.mixed_precision.scale(
+            loss if self.core.accumulate == 1 else loss / self.core.accumulate
+        )
+        if self._direct_backward:
+            scaled.backward()  # what manual_backward would end in, without its hook dispatch (a host cost)
+        else:
+            self.manual_backward(scaled)
 
     def _sync_buffers(self) -> None:
         """Average floating buffers (BatchNorm statistics, StyleGAN's w_avg) of the trained networks once per
@@ -563,6 +571,7 @@ class TrainingCore(L.LightningModule):
 
     def on_train_start(self) -> None:
         self.preemption.start_training(self.trainer, self.world_size)  # core/preemption.py
+        self._direct_backward = lightning_backward_is_inert(self)
         self._setup_cuda_graphs()  # after the callbacks' on_train_start (a profiler attaches its timer there)
 
     def on_train_end(self) -> None:
