@@ -183,12 +183,25 @@ def child_main(spec: dict[str, Any]) -> dict[str, Any]:
         IterationClock.synchronize_after = window_edges(spec["warmup"], spec["steps"])
         KernelProfile.first, KernelProfile.count = spec["warmup"] + spec["steps"] + 1, profile_iterations
         try:
-            require_every_iteration(run(cfg), spec["warmup"] + spec["steps"] + profile_iterations)
+            metrics = run(cfg)
+            require_every_iteration(metrics, spec["warmup"] + spec["steps"] + profile_iterations)
         finally:
             IterationClock.synchronize_after = frozenset()  # a later run in this process times its own window
             KernelProfile.count = 0
         if profile_iterations:
             result["profile"] = KernelProfile.summary
+        # Whether the run compiled again or left its graphs (a capture or a recompile inside the window would show
+        # in its slowest iteration; these say which).
+        result["startup"] = {
+            key.removeprefix("startup/"): metrics[key]
+            for key in (
+                "startup/captures",
+                "startup/replays",
+                "startup/recompiles",
+                "startup/graphs_given_up",
+            )
+            if key in metrics
+        }
         ends, cpu_ends = IterationClock.ends, IterationClock.cpu_ends
         breakdown = output_dir / "perf" / "breakdown.csv"
         if breakdown.is_file():

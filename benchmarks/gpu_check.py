@@ -866,7 +866,7 @@ def _bench_rows(report, cells, results, flops_of, env) -> None:
                 kernels_per_iteration=kernels_text(result.get("profile")),
                 mfu=f"{100 * mfu:.1f}%" if mfu is not None else "n/a",
                 gflop_per_iteration=flop / 1e9 if flop else None,
-                result=f"{cell.warmup} warm-up + {cell.steps} timed iterations",
+                result=f"{cell.warmup} warm-up + {cell.steps} timed iterations" + run_events(result, kind),
                 status="ok",
                 data={
                     "img_per_s": rate,
@@ -891,6 +891,20 @@ def _bench_rows(report, cells, results, flops_of, env) -> None:
             result=f"{value:.3f}" if value is not None else "n/a (a run is missing)",
             status=status,
         )
+
+
+def run_events(result: dict[str, Any], kind: str) -> str:
+    """What a template run did besides training, from its start-up metrics: graphs captured and iterations
+    replayed (a graphed kind; capture given up mid-run said so), recompiles."""
+    events = result.get("startup") or {}
+    parts = []
+    if kind.startswith("template_graphs") and "replays" in events:
+        parts.append(f"{events.get('captures', 0):.0f} graph(s) captured, {events['replays']:.0f} replays")
+        if events.get("graphs_given_up"):
+            parts.append("capture GIVEN UP mid-run (see its log)")
+    if "recompiles" in events:
+        parts.append(f"{events['recompiles']:.0f} recompile(s)")
+    return "; " + ", ".join(parts) if parts else ""
 
 
 def kernels_text(profile: dict[str, Any] | None, top: int = 3) -> str | None:
@@ -966,6 +980,11 @@ def bench_ratios(cells, results, env):
          at_least),
         ("bf16 / fp32, template with cuda_graphs (target >= 1)", graphs, rate(model, fp32, "template_graphs"), 1.0,
          at_least),
+        # The references in both precisions: where they too run bf16 slower, the cause is below the template.
+        ("bf16 / fp32, plain loop (target >= 1)", rate(model, bf16, "plain"), rate(model, fp32, "plain"), 1.0,
+         at_least),
+        ("bf16 / fp32, hand-captured graph (target >= 1)", rate(model, bf16, "graphed"), rate(model, fp32, "graphed"),
+         1.0, at_least),
         ("iteration time, template eager / plain loop (bf16; target <= 1.15)", rate(model, bf16, "plain"),
          rate(model, bf16, "template"), 1.15, at_most),
         ("iteration time, template eager / plain loop (fp32; target <= 1.15)", rate(model, fp32, "plain"),

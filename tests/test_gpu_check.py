@@ -262,6 +262,8 @@ def _canned_gan_child(times_out: set[str], fails: set[str]):
         result = {"kind": spec["kind"], "cell": cell, "img_per_s": rate}
         if spec["count_flops"]:
             result["flops_per_iteration"] = 4e9
+        if spec["kind"].startswith("template"):  # the run's start-up metrics
+            result["startup"] = {"captures": 2.0, "replays": 58.0, "recompiles": 1.0, "graphs_given_up": 0.0}
         if spec["profile_iterations"]:  # what harness.profile_summary gives on a GPU
             top = [
                 {"name": "sm90_xmma_fprop", "calls": 3.0, "us": 400.0},
@@ -304,6 +306,10 @@ def test_the_bench_stage_tables_every_cell_mfu_and_the_targets_ratios(tmp_path, 
         "1.50 ms in 212 kernels; costliest: sm90_xmma_fprop 400 us; adam 10 us"
     )
     assert rows["StyleGAN2-32 tiny b4 bf16-mixed", "plain loop"]["kernels_per_iteration"] is None
+    # What the run did besides training: graphs and replays for the graphed kinds, recompiles for the template's.
+    graphed = rows[fp32, "template, hardware.cuda_graphs=true"]["result"]
+    assert graphed.endswith("timed iterations; 2 graph(s) captured, 58 replays, 1 recompile(s)")
+    assert template["result"].endswith("timed iterations; 1 recompile(s)")
     failed = rows[bf16, "template, hardware.cuda_graphs=true"]
     assert failed["status"] == "fail" and "RuntimeError: capture failed" in failed["result"]
     hung = rows[fp32, "hand-captured graph (plain step)"]
@@ -311,6 +317,9 @@ def test_the_bench_stage_tables_every_cell_mfu_and_the_targets_ratios(tmp_path, 
     assert rows["StyleGAN2-32 tiny b4 bf16-mixed", "plain loop"]["status"] == "ok"
     ratios = {r["kind"]: r for r in table["rows"] if r["cell"] == "ratio"}
     assert ratios["bf16 / fp32, template (target >= 1)"]["result"] == "2.000"
+    assert ratios["bf16 / fp32, plain loop (target >= 1)"]["result"] == "2.000"
+    missing_fp32 = ratios["bf16 / fp32, hand-captured graph (target >= 1)"]  # the fp32 graph timed out
+    assert missing_fp32["result"] == "n/a (a run is missing)"
     # Iteration time ratio = plain img/s / template img/s: 1530 / 1500.
     assert ratios["iteration time, template eager / plain loop (bf16; target <= 1.15)"]["result"] == "1.020"
     missing = ratios["template with cuda_graphs / hand-captured graph (bf16; target >= 0.9)"]

@@ -88,6 +88,9 @@ def test_captured_iterations_train_like_eager_ones(tmp_path, caplog, precision, 
         graphed_metrics, graphed = _train(tmp_path, "graphed", *settings, "hardware.cuda_graphs=true")
     captured, replayed = _graph_counts(caplog.text)
     assert (captured, replayed) == (3, 7)
+    # The same counts in final_metrics.json, which the bench reads.
+    assert graphed_metrics["startup/captures"] == 3 and graphed_metrics["startup/replays"] == 7
+    assert graphed_metrics["startup/graphs_given_up"] == 0
     _, eager = _train(tmp_path, "eager", *settings, "hardware.cuda_graphs=false")
     _, eager_again = _train(tmp_path, "eager_again", *settings, "hardware.cuda_graphs=false")
     assert graphed["pixelsmith"]["iteration"] == eager["pixelsmith"]["iteration"] == 16

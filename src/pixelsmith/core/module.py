@@ -581,6 +581,7 @@ class TrainingCore(L.LightningModule):
         self.preemption.uninstall()
         if self._graphs is not None:
             self._graphs.log_summary()
+            self.startup.graphs_ended(self._graphs.replays, self._graphs.disabled_reason)
         self._graphs = None  # the graphs hold their own memory pools: release them with the run
 
     # ---- hardware.cuda_graphs ------------------------------------------------------------------------------------

@@ -85,6 +85,9 @@ class StartupReport:
         self._plan_clock: float | None = None
         self._compile_at_plan_start = 0.0
         self._seen_plans: set = set()
+        # At the end of training under hardware.cuda_graphs: iterations replayed, and why capture stopped (if it did).
+        self.replays = 0
+        self.graphs_given_up: str | None = None
 
     # ---- Dynamo's callbacks ----------------------------------------------------------------------------------------
     def install(self) -> None:
@@ -187,6 +190,11 @@ class StartupReport:
             timing.first_run_at_s,
         )
 
+    def graphs_ended(self, replays: int, given_up: str | None) -> None:
+        """The run's CUDA graphs at the end of training: how many iterations were replays, and the reason capture
+        was given up mid-run (None: it never was)."""
+        self.replays, self.graphs_given_up = replays, given_up
+
     def plan_captured(self, plan: Any, seconds: float) -> None:
         timing = self.plans.setdefault(plan_label(plan), PlanTiming())
         timing.capture_s, timing.captured_at_s = seconds, since_launch()
@@ -256,6 +264,8 @@ class StartupReport:
         )
         out["startup/captures"] = float(sum(t.capture_s is not None for t in self.plans.values()))
         out["startup/capture_s"] = float(sum(t.capture_s or 0.0 for t in self.plans.values()))
+        out["startup/replays"] = float(self.replays)
+        out["startup/graphs_given_up"] = float(self.graphs_given_up is not None)
         return out
 
 
