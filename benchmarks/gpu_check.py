@@ -785,6 +785,24 @@ def stage_bench(args, env: Environment, report: StageReport, deadline: Deadline)
         "Ratios are the targets, measured in this run. A cell skipped for time runs alone with "
         "`--only <part of its name>` (e.g. `--only 32-true`, `--only StyleGAN2`).",
     ]
+    report.notes += host_notes(cells, results)
+
+
+def host_notes(cells, results) -> list[str]:
+    """Where the eager kinds' host time goes (cProfile over the profiled iterations): their costliest functions by
+    time spent in each itself, per iteration. The eager template against the plain loop is a question of host time."""
+    notes = []
+    for cell in cells:
+        for kind in ("template", "plain"):
+            profile = (results.get((cell.label, kind)) or {}).get("profile") or {}
+            top = profile.get("python_top")
+            if top:
+                functions = "; ".join(f"`{row['function']}` {row['self_us']:.0f} us" for row in top[:6])
+                notes.append(
+                    f"Host, {cell.label}, {KIND_LABELS[kind]} ({profile['wall_ms_per_iteration']:.1f} ms an "
+                    f"iteration under the profilers): {functions}."
+                )
+    return notes
 
 
 TARGET_PHASE_RATIO_NVLABS = 1.5  # StyleGAN2 paper256: ours at least 1.5x NVlabs' networks on every phase

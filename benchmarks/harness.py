@@ -60,20 +60,48 @@ class IterationClock(Callback):
         IterationClock.cpu_ends.append(time.process_time())
 
 
-def profiled(iterations: int, step) -> dict:
-    """Run `step()` `iterations` times under torch.profiler (CUDA's kernels too where a GPU runs) and summarise them
-    (`profile_summary`); the device is synchronised before the profile ends, so every kernel launched is in it."""
-    import torch
-    from torch.profiler import ProfilerActivity, profile
+class Profiling:
+    """torch.profiler (CUDA's kernels too where a GPU runs) and cProfile (the host's Python) over the same iterations,
+    summarised per iteration by `stop` (`profile_summary`). The device is synchronised before both stop, so every
+    kernel launched is in the profile."""
 
-    activities = [ProfilerActivity.CPU]
-    if torch.cuda.is_available() and torch.cuda.is_initialized():
-        activities.append(ProfilerActivity.CUDA)
-    with profile(activities=activities) as prof:
-        for _ in range(iterations):
-            step()
+    def __init__(self, iterations: int):
+        import cProfile
+
+        import torch
+        from torch.profiler import ProfilerActivity, profile
+
+        self.iterations = iterations
+        activities = [ProfilerActivity.CPU]
+        if torch.cuda.is_available() and torch.cuda.is_initialized():
+            activities.append(ProfilerActivity.CUDA)
+        self.torch_profile = profile(activities=activities)
+        self.python_profile = cProfile.Profile()
+        self.started = 0.0
+
+    def start(self) -> None:
+        self.torch_profile.__enter__()
+        self.python_profile.enable()
+        self.started = time.perf_counter()
+
+    def stop(self) -> dict:
         synchronize_device()
-    return profile_summary(prof, iterations)
+        wall = time.perf_counter() - self.started
+        self.python_profile.disable()
+        self.torch_profile.__exit__(None, None, None)
+        summary = profile_summary(self.torch_profile, self.iterations)
+        summary["wall_ms_per_iteration"] = 1e3 * wall / self.iterations  # profiled: slower than the window
+        summary["python_top"] = python_summary(self.python_profile, self.iterations)
+        return summary
+
+
+def profiled(iterations: int, step) -> dict:
+    """Run `step()` `iterations` times under `Profiling` and summarise them."""
+    profiling = Profiling(iterations)
+    profiling.start()
+    for _ in range(iterations):
+        step()
+    return profiling.stop()
 
 
 def profile_summary(prof, iterations: int, top: int = 8) -> dict:
@@ -103,38 +131,55 @@ def profile_summary(prof, iterations: int, top: int = 8) -> dict:
     }
 
 
+def python_summary(profile, iterations: int, top: int = 15) -> list[dict]:
+    """The host's costliest functions per iteration, by time spent in each itself (cProfile's tottime), with their
+    time including callees: where an eager iteration's host time goes, Lightning's loop, the core or torch."""
+    import pstats
+
+    stats = pstats.Stats(profile).stats
+    rows = sorted(stats.items(), key=lambda item: item[1][2], reverse=True)[:top]
+    return [
+        {
+            "function": f"{_short_path(path)}:{line}({name})",
+            "calls": calls / iterations,
+            "self_us": 1e6 * own / iterations,
+            "total_us": 1e6 * total / iterations,
+        }
+        for (path, line, name), (_, calls, own, total, _) in rows
+    ]
+
+
+def _short_path(path: str) -> str:
+    for marker in ("site-packages/", "src/", "lib/python"):
+        if marker in path:
+            return path.split(marker, 1)[1]
+    return path
+
+
 class KernelProfile(Callback):
     """Profiles the template's iterations `first` .. `first + count - 1` (1-based; class-level, set by the bench
-    child before `run()`, read after it as `summary`)."""
+    child before `run()`, read after it as `summary`) with `Profiling`."""
 
     first = 0
     count = 0
     summary: dict | None = None
-    _profile = None
+    _profiling: Profiling | None = None
     _seen = 0
 
     def on_train_start(self, trainer, pl_module) -> None:
         KernelProfile.summary, KernelProfile._seen = None, 0
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
-        import torch
-        from torch.profiler import ProfilerActivity, profile
-
         KernelProfile._seen += 1
         if KernelProfile._seen == KernelProfile.first and KernelProfile.count:
-            activities = [ProfilerActivity.CPU]
-            if torch.cuda.is_available() and torch.cuda.is_initialized():
-                activities.append(ProfilerActivity.CUDA)
-            KernelProfile._profile = profile(activities=activities)
-            KernelProfile._profile.__enter__()
+            KernelProfile._profiling = Profiling(KernelProfile.count)
+            KernelProfile._profiling.start()
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
-        prof = KernelProfile._profile
-        if prof is not None and KernelProfile._seen == KernelProfile.first + KernelProfile.count - 1:
-            synchronize_device()
-            prof.__exit__(None, None, None)
-            KernelProfile._profile = None
-            KernelProfile.summary = profile_summary(prof, KernelProfile.count)
+        profiling = KernelProfile._profiling
+        if profiling is not None and KernelProfile._seen == KernelProfile.first + KernelProfile.count - 1:
+            KernelProfile._profiling = None
+            KernelProfile.summary = profiling.stop()
 
 
 def compose(overrides: list[str], output_dir: Path):

@@ -340,6 +340,12 @@ def test_iterations_profiled_after_the_window_say_where_an_iteration_went(tmp_pa
     tops = [row["us"] for row in profile["top"]]
     assert tops == sorted(tops, reverse=True) and len(tops) == 8
     assert any("conv" in row["name"] for row in profile["top"])
+    # The host's Python over the same iterations: its costliest functions, each within its own total.
+    python = profile["python_top"]
+    assert len(python) == 15 and profile["wall_ms_per_iteration"] > 0
+    assert [r["self_us"] for r in python] == sorted((r["self_us"] for r in python), reverse=True)
+    assert all(r["total_us"] >= r["self_us"] > 0 and r["calls"] > 0 for r in python)
+    assert any("backward" in r["function"] or "conv" in r["function"] for r in python)
     assert (
         len(result["iteration_seconds"]) == spec["steps"]
     )  # the window is untouched by the profiled iterations

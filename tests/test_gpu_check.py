@@ -274,6 +274,15 @@ def _canned_gan_child(times_out: set[str], fails: set[str]):
                 "ms_per_iteration": 1.5,
                 "count_per_iteration": 212.0,
                 "top": top,
+                "wall_ms_per_iteration": 2.25,
+                "python_top": [
+                    {
+                        "function": "lightning/x.py:9(advance)",
+                        "calls": 1.0,
+                        "self_us": 41.0,
+                        "total_us": 900.0,
+                    }
+                ],
             }
         return result
 
@@ -306,6 +315,11 @@ def test_the_bench_stage_tables_every_cell_mfu_and_the_targets_ratios(tmp_path, 
         "1.50 ms in 212 kernels; costliest: sm90_xmma_fprop 400 us; adam 10 us"
     )
     assert rows["StyleGAN2-32 tiny b4 bf16-mixed", "plain loop"]["kernels_per_iteration"] is None
+    # And where the eager kinds' host time goes, in the notes (the graphed kinds' host only launches graphs).
+    host = "an iteration under the profilers): `lightning/x.py:9(advance)` 41 us."
+    assert f"Host, DCGAN-32 b8 bf16-mixed, plain loop (2.2 ms {host}" in markdown
+    assert f"Host, DCGAN-32 b8 32-true, template (2.2 ms {host}" in markdown
+    assert "Host, DCGAN-32 b8 32-true, hand-captured" not in markdown
     # What the run did besides training: graphs and replays for the graphed kinds, recompiles for the template's.
     graphed = rows[fp32, "template, hardware.cuda_graphs=true"]["result"]
     assert graphed.endswith("timed iterations; 2 graph(s) captured, 58 replays, 1 recompile(s)")
