@@ -517,14 +517,15 @@ def test_backward_skips_lightnings_dispatch_only_where_no_hook_would_run_and_tra
     assert torch.equal(direct.net.weight, through_lightning.net.weight)
 
 
-def test_a_model_overriding_lightnings_backward_keeps_it():
-    class OwnBackward(TinyCore):
-        calls = 0
+@pytest.mark.parametrize("method", ["backward", "manual_backward"])
+def test_a_model_overriding_lightnings_backward_keeps_it(method):
+    calls = []
 
-        def backward(self, loss, *args, **kwargs):
-            OwnBackward.calls += 1
-            loss.backward(*args, **kwargs)
+    def counted(self, loss, *args, **kwargs):
+        calls.append(method)
+        getattr(L.LightningModule, method)(self, loss, *args, **kwargs)
 
-    module = OwnBackward(CoreSettings(precision="32-true", max_steps=3))
+    own = type("OwnBackward", (TinyCore,), {method: counted})
+    module = own(CoreSettings(precision="32-true", max_steps=3))
     _fit(module)
-    assert not module._direct_backward and OwnBackward.calls == 3
+    assert not module._direct_backward and calls == [method] * 3

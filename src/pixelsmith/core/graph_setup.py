@@ -39,8 +39,8 @@ def classes_with_backward_hooks(core: Any) -> list[str]:
 def lightning_backward_is_inert(core: Any) -> bool:
     """Whether `core.manual_backward(loss)` would do exactly `loss.backward()`: the base precision plugin (the core
     runs mixed precision itself, so the Trainer's is always 32-true), a strategy whose backward hooks act on nothing
-    here (single device, or the core's DDP without a DistributedDataParallel wrapper), and no model or callback hook
-    around the backward. Lightning's dispatch through those hooks costs tens of microseconds of host time a
+    here (single device, or the core's DDP without a DistributedDataParallel wrapper), no model or callback hook
+    around the backward, and a model that overrides neither `backward` nor `manual_backward`. Lightning's dispatch through those hooks costs tens of microseconds of host time a
     backward: an eager GPU loop at small sizes is bound by exactly that time."""
     strategy = core.trainer.strategy
     base_pre, base_post = Strategy.pre_backward, Strategy.post_backward
@@ -55,6 +55,7 @@ def lightning_backward_is_inert(core: Any) -> bool:
         strategy_inert
         and type(strategy.precision_plugin) is Precision
         and type(core).backward is L.LightningModule.backward
+        and type(core).manual_backward is L.LightningModule.manual_backward
         and core._fabric is None
         and not classes_with_backward_hooks(core)
     )
