@@ -98,6 +98,14 @@ FULL_AXES = {
 
 
 # ---- child process ------------------------------------------------------------------------------------------------
+def template_iterations(args: dict[str, Any]) -> int:
+    """A template run's iterations: warm-up, the timed window, any profiled iterations (`profile_iterations`,
+    `harness.KernelProfile`), and one more. The run's last iteration is end-of-run work (it reads its logs at once
+    and checks the non-finite guard), so it is in neither the window nor the profile: both see steady iterations,
+    as the plain loop's do."""
+    return int(args["warmup"]) + int(args["steps"]) + int(args.get("profile_iterations") or 0) + 1
+
+
 def cell_overrides(cell: Cell, args: dict[str, Any]) -> list[str]:
     return [
         f"hardware={args['hardware']}",
@@ -110,8 +118,7 @@ def cell_overrides(cell: Cell, args: dict[str, Any]) -> list[str]:
         f"data.resolution={args['resolution']}",
         "data.channels=3",
         f"data.batch_size={cell.batch_size}",
-        # Profiled iterations (`profile_iterations`) run after the timed window: they do not touch its clock.
-        f"max_steps={args['warmup'] + args['steps'] + args.get('profile_iterations', 0)}",
+        f"max_steps={template_iterations(args)}",
         "train.progress_bar=false",
         "train.sample_every_n_steps=0",  # the grid at step 0 is outside the timed window anyway
         *args.get("extra_overrides", []),
@@ -184,10 +191,11 @@ def child_main(spec: dict[str, Any]) -> dict[str, Any]:
         KernelProfile.first, KernelProfile.count = spec["warmup"] + spec["steps"] + 1, profile_iterations
         try:
             metrics = run(cfg)
-            require_every_iteration(metrics, spec["warmup"] + spec["steps"] + profile_iterations)
+            require_every_iteration(metrics, template_iterations(spec))
         finally:
             IterationClock.synchronize_after = frozenset()  # a later run in this process times its own window
             KernelProfile.count = 0
+            KernelProfile.discard()  # a run that ended inside its profiled iterations leaves no profiler on
         if profile_iterations:
             result["profile"] = KernelProfile.summary
         # Whether the run compiled again or left its graphs (a capture or a recompile inside the window would show

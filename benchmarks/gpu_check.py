@@ -693,7 +693,8 @@ def _gan_spec(
     from benchmarks.gan_bench import Cell
 
     extra = [NO_BUDGET, *cell.extra]
-    # Quiet: the timed window holds no logging iteration (the run's last one, which reads at once, ends it in both).
+    # Quiet: the timed window holds no logging iteration (nor does the logging kind's hold the run's last iteration,
+    # which reads at once: `gan_bench.template_iterations` runs past the window and the profiled iterations).
     quiet = kind == "template_graphs_quiet"
     extra.append(f"train.log_every_n_steps={cell.warmup + cell.steps + 1 if quiet else BENCH_LOG_EVERY}")
     gpu = not env.dry_run

@@ -84,10 +84,17 @@ class Profiling:
         self.python_profile.enable()
         self.started = time.perf_counter()
 
+    def discard(self) -> None:
+        """Stop both profilers without a summary (a run that ended before the last profiled iteration): another
+        profiler, a user's or the next run's, could not start while they run."""
+        self.python_profile.disable()
+        self.torch_profile.__exit__(None, None, None)
+
     def stop(self) -> dict:
+        # cProfile first: the wait for the device below is not the host's Python time.
+        self.python_profile.disable()
         synchronize_device()
         wall = time.perf_counter() - self.started
-        self.python_profile.disable()
         self.torch_profile.__exit__(None, None, None)
         summary = profile_summary(self.torch_profile, self.iterations)
         summary["wall_ms_per_iteration"] = 1e3 * wall / self.iterations  # profiled: slower than the window
@@ -112,7 +119,9 @@ def profile_summary(prof, iterations: int, top: int = 8) -> dict:
     from torch.autograd import DeviceType
 
     events = prof.key_averages()
-    kernels = [e for e in events if e.device_type == DeviceType.CUDA]
+    # Kernels and copies only: record_function ranges (an optimizer's step, a compiled graph's call) also come back
+    # as CUDA events, spanning their kernels; torch's own table leaves them out the same way.
+    kernels = [e for e in events if e.device_type == DeviceType.CUDA and not e.is_user_annotation]
     on_device = bool(kernels)
     rows = kernels if on_device else [e for e in events if e.device_type == DeviceType.CPU]
 
@@ -167,6 +176,7 @@ class KernelProfile(Callback):
     _seen = 0
 
     def on_train_start(self, trainer, pl_module) -> None:
+        KernelProfile.discard()
         KernelProfile.summary, KernelProfile._seen = None, 0
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
@@ -180,6 +190,16 @@ class KernelProfile(Callback):
         if profiling is not None and KernelProfile._seen == KernelProfile.first + KernelProfile.count - 1:
             KernelProfile._profiling = None
             KernelProfile.summary = profiling.stop()
+
+    def on_exception(self, trainer, pl_module, exception) -> None:
+        KernelProfile.discard()
+
+    @staticmethod
+    def discard() -> None:
+        """Stop profiling that is still on (the run ended inside the profiled iterations), keeping no summary."""
+        profiling, KernelProfile._profiling = KernelProfile._profiling, None
+        if profiling is not None:
+            profiling.discard()
 
 
 def compose(overrides: list[str], output_dir: Path):

@@ -179,12 +179,12 @@ def test_bench_runs_never_inherit_the_main_jobs_time_budget(tmp_path):
 
 
 def test_a_template_run_cut_short_names_its_cause(tmp_path):
-    # A budget of 6 ms ends training after the first iteration: 1 of the 3 the bench times.
+    # A budget of 6 ms ends training after the first iteration: 1 of the 4 the bench runs (1 + 2 timed + 1).
     spec = _spec(tmp_path, run_overrides=["train.time_budget_minutes=0.0001"])
     with pytest.raises(RunEndedEarly) as caught:
         gan_bench.child_main(spec)
     message = str(caught.value)
-    assert "stopped at iteration 1 of 3" in message and "train.time_budget_minutes=0.0001" in message
+    assert "stopped at iteration 1 of 4" in message and "train.time_budget_minutes=0.0001" in message
     assert "its time budget ended it" in message and "remove it" in message
     assert "iteration times" not in message
 
@@ -219,6 +219,9 @@ def test_on_cuda_the_template_also_runs_with_its_own_cuda_graphs(tmp_path, monke
     monkeypatch.setattr(gan_bench, "_cuda_available", lambda: False)
     assert bench_kinds(parse_args([])) == ["template", "plain"]
     assert child_config(_spec(tmp_path, "template_graphed")).hardware.cuda_graphs is True
+    # The run's last iteration (which reads its logs at once) is past the window and the profiled iterations.
+    assert child_config(_spec(tmp_path, "template")).max_steps == 1 + 2 + 1
+    assert child_config(_spec(tmp_path, "template", profile_iterations=5)).max_steps == 1 + 2 + 5 + 1
     assert child_config(_spec(tmp_path, "template")).hardware.cuda_graphs is False
 
 
@@ -356,3 +359,23 @@ def test_iterations_profiled_after_the_window_say_where_an_iteration_went(tmp_pa
             "recompiles": 0.0,
             "graphs_given_up": 0.0,
         }
+
+
+def test_a_run_ending_inside_its_profiled_iterations_leaves_no_profiler_on():
+    """Profiling started at the first profiled iteration; the run raises before the last: torch.profiler and
+    cProfile stop (on Python 3.12+ a second cProfile could not even start while one runs), with no summary."""
+    import sys
+
+    from benchmarks.harness import KernelProfile
+
+    profile = KernelProfile()
+    KernelProfile.first, KernelProfile.count = 1, 3
+    try:
+        profile.on_train_start(None, None)
+        profile.on_train_batch_start(None, None, None, 0)
+        assert KernelProfile._profiling is not None and sys.getprofile() is not None
+        profile.on_exception(None, None, RuntimeError("a failed iteration"))
+        assert KernelProfile._profiling is None and sys.getprofile() is None and KernelProfile.summary is None
+    finally:
+        KernelProfile.count = 0
+        KernelProfile.discard()

@@ -40,8 +40,9 @@ def lightning_backward_is_inert(core: Any) -> bool:
     """Whether `core.manual_backward(loss)` would do exactly `loss.backward()`: the base precision plugin (the core
     runs mixed precision itself, so the Trainer's is always 32-true), a strategy whose backward hooks act on nothing
     here (single device, or the core's DDP without a DistributedDataParallel wrapper), no model or callback hook
-    around the backward, and a model that overrides neither `backward` nor `manual_backward`. Lightning's dispatch through those hooks costs tens of microseconds of host time a
-    backward: an eager GPU loop at small sizes is bound by exactly that time."""
+    around the backward, and a model that overrides neither `backward` nor `manual_backward`. Lightning's dispatch
+    through those hooks costs tens of microseconds of host time a backward: an eager GPU loop at small sizes is bound
+    by exactly that kind of time."""
     strategy = core.trainer.strategy
     base_pre, base_post = Strategy.pre_backward, Strategy.post_backward
     strategy_inert = (
