@@ -529,3 +529,20 @@ def test_a_model_overriding_lightnings_backward_keeps_it(method):
     module = own(CoreSettings(precision="32-true", max_steps=3))
     _fit(module)
     assert not module._direct_backward and calls == [method] * 3
+
+
+def test_the_gradient_norm_of_one_group_is_get_total_norms_bit_for_bit():
+    """The guard's norm for gradients of one device and dtype skips `get_total_norm`'s per-tensor host work but is the
+    same number: 13 for (3, 4) and (12), and the same bits over tensors of very different scales."""
+    from pixelsmith.core.stepping import OptimizerStepper, global_norm
+
+    assert global_norm([torch.tensor([3.0, 4.0]), torch.tensor([12.0])], one_group=True).item() == 13.0
+    gen = torch.Generator().manual_seed(0)
+    grads = [torch.randn(7, 5, generator=gen) * 10.0 ** (i % 9 - 4) for i in range(60)]
+    assert torch.equal(global_norm(grads, one_group=True), torch.nn.utils.get_total_norm(grads))
+    assert torch.equal(global_norm(grads), torch.nn.utils.get_total_norm(grads))
+    # Which optimizers qualify, decided once each: one dtype yes; a bf16 tensor among fp32 ones no.
+    stepper = OptimizerStepper(accumulate=1, clip_grad_norm=None)
+    same = torch.optim.Adam([nn.Parameter(torch.zeros(3)), nn.Parameter(torch.zeros(2, 2))])
+    mixed = torch.optim.Adam([nn.Parameter(torch.zeros(3)), nn.Parameter(torch.zeros(2, dtype=torch.bfloat16))])
+    assert stepper._one_group("same", same) and not stepper._one_group("mixed", mixed)
