@@ -10,6 +10,11 @@ iterations are reported apart (they read values on the host).
 Bookkeeping that grows with the number of parameter tensors (a copy or a cast per gradient) shows as a count that
 grows with the model's depth: `count_per_iteration` at two resolutions of the same network tells them apart.
 
+A second count stands in for the eager iteration's host time: torch calls made from Python (each a dispatch on
+the host, a kernel or not: `.to()` to the device a tensor is on launches nothing but still costs the host a call),
+template eager (`hardware.cuda_graphs=false`) against the plain loop, fp32. Host work per parameter tensor shows there
+as a difference that grows with depth, as above.
+
 Both precisions are counted: bf16-mixed (the GPU profiles' precision) adds autocast's casts to both loops alike, and
 any bookkeeping of the template's own that depends on the precision shows as a different ratio.
 """
@@ -23,6 +28,7 @@ from pathlib import Path
 
 import torch
 from lightning.pytorch.callbacks import Callback
+from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
 TARGET = "benchmarks.op_counts.OpCounter"
@@ -70,17 +76,31 @@ class _Counter(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
+class _Calls(TorchFunctionMode):
+    """Counts torch functions and tensor methods called from Python (attribute reads such as `.grad` excluded)."""
+
+    def __init__(self):
+        super().__init__()
+        self.count = 0
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        if getattr(func, "__name__", "") != "__get__":
+            self.count += 1
+        return func(*args, **(kwargs or {}))
+
+
 class OpCounter(Callback):
     """Operations of every training iteration of a template run (class-level, read after `run()`)."""
 
     counts: list[int] = []
-    _mode: _Counter | None = None
+    _mode: _Counter | _Calls | None = None
+    counter: type = _Counter  # what is counted: aten operations, or torch calls from Python (`_Calls`)
 
     def on_train_start(self, trainer, pl_module) -> None:
         OpCounter.counts = []
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
-        OpCounter._mode = _Counter()
+        OpCounter._mode = OpCounter.counter()
         OpCounter._mode.__enter__()
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
@@ -102,28 +122,42 @@ def _config(model: str, resolution: int, iterations: int, output_dir: Path, extr
 
 
 def template_counts(
-    model: str, resolution: int, iterations: int, workdir: Path, extra=(), precision: str = "32-true"
+    model: str,
+    resolution: int,
+    iterations: int,
+    workdir: Path,
+    extra=(),
+    precision: str = "32-true",
+    counter: type = _Counter,
 ) -> list[int]:
+    # The instance Hydra makes is of this module as imported by name, not of `__main__` when run with -m.
+    from benchmarks.op_counts import OpCounter as by_name
     from pixelsmith.run.fit import run
 
-    run_dir = workdir / f"template-{model}-{resolution}-{precision}"
+    run_dir = workdir / f"template-{model}-{resolution}-{precision}-{counter.__name__}"
     cfg = _config(model, resolution, iterations, run_dir, [f"precision={precision}", *extra])
-    run(cfg)
-    # The instance Hydra made is of this module as imported by name, not of `__main__` when run with -m.
-    from benchmarks.op_counts import OpCounter as counter
-
-    return list(counter.counts)
+    by_name.counter = counter
+    try:
+        run(cfg)
+    finally:
+        by_name.counter = _Counter
+    return list(by_name.counts)
 
 
 def plain_counts(
-    model: str, resolution: int, iterations: int, workdir: Path, precision: str = "32-true"
+    model: str,
+    resolution: int,
+    iterations: int,
+    workdir: Path,
+    precision: str = "32-true",
+    counter: type = _Counter,
 ) -> list[int]:
     import lightning as L
 
     from benchmarks.plain_loop import build_plain_gan, endless, plain_loader
     from pixelsmith.run.build import resolve_hardware
 
-    run_dir = workdir / f"plain-{model}-{resolution}-{precision}"
+    run_dir = workdir / f"plain-{model}-{resolution}-{precision}-{counter.__name__}"
     cfg = _config(model, resolution, iterations, run_dir, [f"precision={precision}"])
     hardware = resolve_hardware(cfg)
     L.seed_everything(cfg.seed, verbose=False)
@@ -132,7 +166,7 @@ def plain_counts(
     counts = []
     for _ in range(iterations):
         images = next(batches)
-        with _Counter() as mode:
+        with counter() as mode:
             gan.step(images)
         counts.append(mode.count)
     return counts
@@ -158,13 +192,22 @@ def per_iteration(counts: list[int], skip: int = 2) -> dict[str, float]:
 PRECISIONS = ("32-true", "bf16-mixed")
 
 
+def eager_calls(model: str, resolution: int, iterations: int, workdir: Path) -> dict[str, dict[str, float]]:
+    """Torch calls from Python per iteration, the template's eager path and the plain loop, fp32."""
+    eager = ["hardware.cuda_graphs=false"]
+    template = template_counts(model, resolution, iterations, workdir, eager, counter=_Calls)
+    plain = plain_counts(model, resolution, iterations, workdir, counter=_Calls)
+    return {"template": per_iteration(template), "plain": per_iteration(plain)}
+
+
 def measure(
     models=("dcgan", "stylegan2"),
     resolution: int = 16,
     iterations: int = 2 * LOG_EVERY + 2,
     precisions=PRECISIONS,
 ):
-    """{(model, precision): {"template": per_iteration(...), "plain": per_iteration(...)}}."""
+    """{(model, precision): {"template": per_iteration(...), "plain": per_iteration(...)}}, and under
+    (model, "calls") the eager path's torch calls from Python (`eager_calls`)."""
     results = {}
     with tempfile.TemporaryDirectory() as tmp:
         for model in models:
@@ -172,6 +215,7 @@ def measure(
                 counts = template_counts(model, resolution, iterations, Path(tmp), precision=precision)
                 plain = plain_counts(model, resolution, iterations, Path(tmp), precision)
                 results[model, precision] = {"template": per_iteration(counts), "plain": per_iteration(plain)}
+            results[model, "calls"] = eager_calls(model, resolution, iterations, Path(tmp))
     return results
 
 
@@ -180,13 +224,27 @@ def report(results: dict) -> str:
     lines.append(
         f"{'model':<10} {'precision':<11} {'plain':>8} {'template':>9} {'ratio':>6} {'quiet':>7} {'logging':>8}"
     )
-    for (model, precision), r in results.items():
+    rows = [(key, r) for key, r in results.items() if key[1] != "calls"]
+    calls = [(key, r) for key, r in results.items() if key[1] == "calls"]
+    for (model, precision), r in rows:
         plain, template = r["plain"]["all"], r["template"]
         lines.append(
             f"{model:<10} {precision:<11} {plain:8.1f} {template['all']:9.1f} {template['all'] / plain:6.2f} "
             f"{template['quiet'] / r['plain']['quiet']:7.2f} {template['logging'] / r['plain']['logging']:8.2f}"
         )
     lines.append("ratio: every iteration; quiet: iterations that log nothing; logging: a logging iteration")
+    if calls:
+        lines += [
+            "",
+            "torch calls from Python per iteration (host dispatches), template eager path vs plain loop, fp32",
+        ]
+        lines.append(f"{'model':<10} {'plain':>8} {'template':>9} {'ratio':>6} {'quiet':>7} {'logging':>8}")
+        for (model, _), r in calls:
+            plain, template = r["plain"], r["template"]
+            lines.append(
+                f"{model:<10} {plain['all']:8.1f} {template['all']:9.1f} {template['all'] / plain['all']:6.2f} "
+                f"{template['quiet'] / plain['quiet']:7.2f} {template['logging'] / plain['logging']:8.2f}"
+            )
     return "\n".join(lines)
 
 

@@ -59,3 +59,23 @@ def test_bf16_adds_autocasts_casts_to_both_loops_alike(counts, tmp_path):
     assert plain["quiet"] > fp32_plain["quiet"]  # autocast really casts (weights and activations to bf16)
     assert template["quiet"] - plain["quiet"] <= MAX_EXTRA_OPS
     assert template["quiet"] - plain["quiet"] <= fp32_template["quiet"] - fp32_plain["quiet"] + 1
+
+
+# The eager iteration's torch calls from Python beyond the plain loop's, in an iteration that logs nothing (30 when
+# this was written, 59 before the guard's norm stopped calling `.to()` per gradient): detaches and casts of the logged
+# values, the guard's norm, finite check and counters, the skip flag handed to fused Adam (whose take-back of its step
+# count is torch's own). Each is host time in an eager GPU iteration, kernel or not.
+MAX_EXTRA_CALLS = 36
+
+
+def test_the_eager_iterations_host_calls_are_a_handful_and_do_not_grow_with_the_parameter_tensors(tmp_path):
+    """`op_counts.eager_calls`: torch calls made from Python in the template's eager iteration against the plain
+    loop's. Per-tensor host work (a `.to()` or a check per gradient, as `get_total_norm` does) grows with depth."""
+    shallow = op_counts.eager_calls("dcgan", 16, 12, tmp_path)
+    deep = op_counts.eager_calls("dcgan", 32, 12, tmp_path)
+    extra = {
+        name: r["template"]["quiet"] - r["plain"]["quiet"] for name, r in (("16", shallow), ("32", deep))
+    }
+    assert deep["plain"]["quiet"] > shallow["plain"]["quiet"]  # the deeper networks call more
+    assert extra["32"] <= extra["16"] + 1, extra
+    assert extra["16"] <= MAX_EXTRA_CALLS, extra

@@ -32,7 +32,8 @@ def skip_flag(value: torch.Tensor) -> torch.Tensor:
     kernel between the check and its uses."""
     # float32 whatever the loss's dtype (a float64 loss would give a float64 flag, which the fused kernel refuses);
     # no kernel where it is float32 already.
-    return value.mul(0).nan_to_num_(nan=1.0).float()
+    flag = value.mul(0).nan_to_num_(nan=1.0)
+    return flag if flag.dtype == torch.float32 else flag.float()
 
 
 def global_norm(grads: list[torch.Tensor], one_group: bool = False) -> torch.Tensor:

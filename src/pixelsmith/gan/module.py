@@ -330,7 +330,9 @@ class GANModule(TrainingCore):
                     with nullcontext() if regularising else self.region(f"{phase.network}_bwd"):
                         self.loss_backward(loss, phase.network)
                     for key, value in out.logs.items():
-                        value = value.detach().float()
+                        value = value.detach()
+                        if value.dtype != torch.float32:  # no call where it is float32 already (host time)
+                            value = value.float()
                         if (
                             self.core.accumulate != 1
                         ):  # a division by 1 would be a kernel that changes nothing
