@@ -61,7 +61,7 @@ def test_bf16_adds_autocasts_casts_to_both_loops_alike(counts, tmp_path):
     assert template["quiet"] - plain["quiet"] <= fp32_template["quiet"] - fp32_plain["quiet"] + 1
 
 
-# The eager iteration's torch calls from Python beyond the plain loop's, in an iteration that logs nothing (30 when
+# The eager iteration's torch calls from Python beyond the plain loop's, in an iteration that logs nothing (33 when
 # this was written, 59 before the guard's norm stopped calling `.to()` per gradient): detaches and casts of the logged
 # values, the guard's norm, finite check and counters, the skip flag handed to fused Adam (whose take-back of its step
 # count is torch's own). Each is host time in an eager GPU iteration, kernel or not.

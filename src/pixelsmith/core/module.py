@@ -383,8 +383,6 @@ class TrainingCore(L.LightningModule):
 
     def micro_batches(self, tensor: torch.Tensor) -> list[torch.Tensor]:
         n = self.core.accumulate
-        if n == 1:
-            return [tensor]  # the whole batch, without a chunk call per input and iteration (host time)
         if tensor.shape[0] % n:
             raise ValueError(
                 f"A batch of {tensor.shape[0]} does not split into accumulate={n} micro-batches."
