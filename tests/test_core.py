@@ -544,5 +544,7 @@ def test_the_gradient_norm_of_one_group_is_get_total_norms_bit_for_bit():
     # Which optimizers qualify, decided once each: one dtype yes; a bf16 tensor among fp32 ones no.
     stepper = OptimizerStepper(accumulate=1, clip_grad_norm=None)
     same = torch.optim.Adam([nn.Parameter(torch.zeros(3)), nn.Parameter(torch.zeros(2, 2))])
-    mixed = torch.optim.Adam([nn.Parameter(torch.zeros(3)), nn.Parameter(torch.zeros(2, dtype=torch.bfloat16))])
+    mixed = torch.optim.Adam(
+        [nn.Parameter(torch.zeros(3)), nn.Parameter(torch.zeros(2, dtype=torch.bfloat16))]
+    )
     assert stepper._one_group("same", same) and not stepper._one_group("mixed", mixed)
