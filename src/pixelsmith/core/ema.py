@@ -147,32 +147,25 @@ class EMA(nn.Module):
             rows, whole = plan
             # index_select with a one-element index: `rows[0-dim tensor]` would read the index on the host.
             index = (iteration_now if whole else iteration_now.clamp(max=len(rows) - 1)).reshape(1)
-            weight, beta = rows.index_select(0, index).unbind(1)
-            torch._foreach_lerp_(
-                ema_params, src_params, [weight.reshape(()).expand_as(p) for p in ema_params]
-            )
-            self._copy_buffers(source)
-            return beta.reshape(())
-        if plan is not None:  # constant: the host's number, as the eager path uses it (a replay bakes it in)
-            torch._foreach_lerp_(ema_params, src_params, 1.0 - plan)
-            self._copy_buffers(source)
-            return plan
-        beta = self.beta(images_per_iteration, images_seen)
-        if isinstance(beta, Tensor):
-            # A tensor weight per parameter (the List overload; a lone 0-dim tensor would be read as a host Scalar,
-            # a sync that a CUDA graph would bake in). In float32, as the float weight is inside the kernel: both
-            # give the same bits.
-            weight = (1.0 - beta).float()
-            torch._foreach_lerp_(ema_params, src_params, [weight.expand_as(p) for p in ema_params])
+            weight, beta = (column.reshape(()) for column in rows.index_select(0, index).unbind(1))
+        elif (
+            plan is not None
+        ):  # constant: the host's number, as the eager path uses it (a replay bakes it in)
+            beta = plan
+            weight = 1.0 - beta
         else:
-            torch._foreach_lerp_(ema_params, src_params, 1.0 - beta)
-        self._copy_buffers(source)
-        return beta
-
-    def _copy_buffers(self, source: nn.Module) -> None:
+            beta = self.beta(images_per_iteration, images_seen)
+            # In float32 where beta is a tensor, as the float weight is inside the kernel: both give the same bits.
+            weight = (1.0 - beta).float() if isinstance(beta, Tensor) else 1.0 - beta
+        if isinstance(weight, Tensor):
+            # A tensor weight per parameter (the List overload; a lone 0-dim tensor would be read as a host Scalar,
+            # a sync that a CUDA graph would bake in).
+            weight = [weight.expand_as(p) for p in ema_params]
+        torch._foreach_lerp_(ema_params, src_params, weight)
         # Buffers (BatchNorm statistics, StyleGAN's w_avg) are copied, as in StyleGAN2-ADA.
         for ema_buf, src_buf in zip(self.model.buffers(), source.buffers(), strict=True):
             ema_buf.copy_(src_buf)
+        return beta
 
     def forward(self, *args, **kwargs):
         return self.model(*args, **kwargs)

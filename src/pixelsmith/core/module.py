@@ -218,7 +218,6 @@ class TrainingCore(L.LightningModule):
         so it can run again eagerly: pending backward counts and losses, unscaled-optimizer marks, gradients. A model
         with host state of its own for the iteration extends it (and calls this)."""
         self.stepper.forget()
-        self._guard_steps = None
         scaler = self.mixed_precision.scaler
         if scaler is not None:
             from torch.amp.grad_scaler import _refresh_per_optimizer_state

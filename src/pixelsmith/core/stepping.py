@@ -90,18 +90,17 @@ class OptimizerStepper:
         self.last_grad_norm: dict[str, torch.Tensor] = {}  # per optimizer, its latest step's (device tensor)
         self.allreduces = 0  # gradient all-reduces since the count was last reset (one an optimizer step)
         self.host_synced = False  # a non-fused step made the host wait since the flag was last reset
-        self.one_group: dict[
-            str, bool
-        ] = {}  # per optimizer: its parameters share one device and dtype, no shards
+        # Per optimizer: its parameters share one device and dtype, none sharded (`_one_group`).
+        self._one_group_by_name: dict[str, bool] = {}
 
     def _one_group(self, name: str, opt: torch.optim.Optimizer) -> bool:
         """Whether every parameter of `opt` is a plain tensor of one device and dtype (so are their gradients, and
         any subset that has gradients in an iteration); worked out once per optimizer."""
-        known = self.one_group.get(name)
+        known = self._one_group_by_name.get(name)
         if known is None:
             params = [p for group in opt.param_groups for p in group["params"]]
             first = params[0] if params else None
-            known = self.one_group[name] = first is not None and all(
+            known = self._one_group_by_name[name] = first is not None and all(
                 not isinstance(p, DTensor) and p.device == first.device and p.dtype == first.dtype
                 for p in params
             )

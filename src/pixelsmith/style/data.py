@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 import torch
 import torch.nn.functional as F
-from PIL import Image, ImageOps, UnidentifiedImageError
+from PIL import ExifTags, Image, ImageOps, UnidentifiedImageError
 from torch import Tensor
 from torch.utils.data import Dataset
 
@@ -89,7 +89,7 @@ def read_image(path: str | Path, *, keep_alpha: bool = False, high_bit_depth: st
                 )
             icc_profile = opened.info.get("icc_profile")
             # exif_transpose copies the image even when there is nothing to rotate; skip it then (8K = 100 MB).
-            needs_rotation = opened.getexif().get(0x0112, 1) not in (0, 1)
+            needs_rotation = opened.getexif().get(ExifTags.Base.Orientation, 1) not in (0, 1)
             image = ImageOps.exif_transpose(opened) if needs_rotation else opened
             image.load()
     except ImageReadError:

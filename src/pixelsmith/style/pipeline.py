@@ -55,7 +55,7 @@ from typing import Any
 
 import numpy as np
 import torch
-from PIL import Image
+from PIL import ExifTags, Image
 from torch import Tensor, nn
 
 from pixelsmith.data.decode import quiet_torchvision_io
@@ -258,9 +258,10 @@ def jpeg_with_icc_profile(jpeg: bytes, icc_profile: bytes | None) -> bytes:
 def decode_jpeg_on_device(source: Path, device: torch.device, orientation: int | None = None) -> Tensor:
     """(H, W, 3) uint8 on `device`: nvJPEG on CUDA, libjpeg-turbo on a CPU, EXIF orientation applied.
 
-    On CUDA the decode is complete on return: the caller's current stream is synchronised (pytorch/vision#9606: the
-    decoder writes from a stream of its own). The folder pipeline makes a dedicated decode stream current for this,
-    so the wait covers the decode only (`overlap.CudaStages`)."""
+    On CUDA the decode is complete before the orientation's flips are queued: the caller's current stream is
+    synchronised (pytorch/vision#9606: the decoder writes from a stream of its own), and the flips then run on that
+    stream, in order for whoever uses the result there. The folder pipeline makes a dedicated decode stream current
+    for this, so the wait covers the decode only (`overlap.CudaStages`)."""
     from torchvision.io import ImageReadMode, decode_jpeg, read_file
 
     with quiet_torchvision_io():
@@ -286,7 +287,7 @@ def jpeg_header(source: Path) -> tuple[int, bytes | None]:
         return header.getexif().get(EXIF_ORIENTATION, 1), header.info.get("icc_profile")
 
 
-EXIF_ORIENTATION = 0x0112
+EXIF_ORIENTATION = ExifTags.Base.Orientation
 
 
 def exif_oriented(image: Tensor, orientation: int) -> Tensor:
@@ -358,11 +359,25 @@ def encode_on_host(
     png_encoder: str = "auto",
     png_threads: int | None = None,
 ) -> tuple[float, list[tuple[str, type[Warning]]]]:
-    start = time.perf_counter()
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        save_image(rgb, alpha, target, icc_profile, png_compress_level, png_encoder, png_threads)
-    return time.perf_counter() - start, [(str(w.message), w.category) for w in caught]
+        seconds = timed_save(rgb, alpha, icc_profile, target, png_compress_level, png_encoder, png_threads)
+    return seconds, [(str(w.message), w.category) for w in caught]
+
+
+def timed_save(
+    rgb: np.ndarray,
+    alpha: np.ndarray | None,
+    icc_profile: bytes | None,
+    target: Path,
+    png_compress_level: int,
+    png_encoder: str = "auto",
+    png_threads: int | None = None,
+) -> float:
+    """Write the image; the seconds the write took."""
+    start = time.perf_counter()
+    save_image(rgb, alpha, target, icc_profile, png_compress_level, png_encoder, png_threads)
+    return time.perf_counter() - start
 
 
 def encode_in_thread(
@@ -375,14 +390,13 @@ def encode_in_thread(
     png_compress_level: int,
     png_encoder: str = "auto",
     png_threads: int | None = None,
-) -> float:
+) -> tuple[float, list[tuple[str, type[Warning]]]]:
     """Run in an encoder thread of this process: wait for the download `ready`, write the image; the seconds the
-    write took. The caller has dropped an alpha the format cannot store (`storable_alpha`), so this raises no
-    warning: recording warnings (`encode_on_host`) swaps process-wide state, which threads would corrupt."""
+    write took and no warnings, as `encode_on_host` returns them. The caller has dropped an alpha the format cannot
+    store (`storable_alpha`), so this raises no warning: recording warnings (`encode_on_host`) swaps process-wide
+    state, which threads would corrupt."""
     stages.wait_ready(ready)
-    start = time.perf_counter()
-    save_image(rgb, alpha, target, icc_profile, png_compress_level, png_encoder, png_threads)
-    return time.perf_counter() - start
+    return timed_save(rgb, alpha, icc_profile, target, png_compress_level, png_encoder, png_threads), []
 
 
 def rewarn(caught: list[tuple[str, type[Warning]]]) -> None:
@@ -681,10 +695,8 @@ class _Encoding:
 
     image: _Image
     future: Future
-    keep: Any = (
-        None  # the downloaded pixels (pinned memory on CUDA), alive until the encoder is done with them
-    )
-    threaded: bool = False
+    # The downloaded pixels (pinned memory on CUDA), alive until the encoder is done with them.
+    keep: Any = None
 
 
 # What one file can fail with (unreadable, too small, a network that cannot take it, a failed write): the file is
@@ -745,7 +757,6 @@ def run_pipeline(
     plan_cache: dict[
         tuple, float
     ] = {}  # tile=auto's measurements: made on the first image, reused by the rest
-    pixels_of: dict[str, int] = {}
 
     def note(message: str) -> None:
         if message not in noted:
@@ -777,7 +788,7 @@ def run_pipeline(
     def decode(item: _Image) -> None:
         source = item.source
         icc_profile = None
-        if isinstance(item.pending, str) and item.pending == "device":
+        if item.pending == "device":
             decode_start = time.perf_counter()
             try:
                 orientation, icc_profile = jpeg_header(source)  # the device decoders drop both
@@ -905,7 +916,7 @@ def run_pipeline(
                     future = threads.submit(
                         encode_in_thread, stages, ready, rgb, alpha, item.icc_profile, target, *settings
                     )
-                    encoding.append(_Encoding(item, future, keep, threaded=True))
+                    encoding.append(_Encoding(item, future, keep))
                 else:
                     future = encoder.submit(
                         encode_on_host, rgb, item.alpha, item.icc_profile, target, *settings
@@ -913,7 +924,6 @@ def run_pipeline(
                     encoding.append(_Encoding(item, future, keep))
             summary.written.append(str(target))
             summary.pixels += item.pixel_count
-            pixels_of[str(target)] = item.pixel_count
             if on_image_done is not None:
                 on_image_done(source, target)
         except FILE_ERRORS as error:
@@ -929,17 +939,14 @@ def run_pipeline(
         except Exception as error:  # noqa: BLE001  (a write that failed: named, the rest go on)
             fail(item.source, error, counted=True)
             summary.written.remove(str(item.target))
-            summary.pixels -= pixels_of.pop(str(item.target), 0)
+            summary.pixels -= item.pixel_count
             return
         finally:
             encode.keep = None
             stages.collect(item.timer, times)
-        if encode.threaded:
-            times.encode += outcome
-        else:
-            seconds, messages = outcome
-            times.encode += seconds
-            rewarn(messages)
+        seconds, messages = outcome
+        times.encode += seconds
+        rewarn(messages)
 
     def finish_launched(keep: int) -> None:
         while len(launched) > keep:

@@ -641,10 +641,7 @@ def stylize_tiled(
                 source = image.to(device)  # decoded on the device already: nothing to copy
                 output = torch.empty((height, width, 3), dtype=torch.uint8, device=device)
             elif pipeline == "device":
-                source = torch.from_numpy(image)
-                if device.type == "cuda":
-                    source = source.pin_memory()
-                source = source.to(device, non_blocking=True)
+                source = upload(torch.from_numpy(image), device)
                 output = torch.empty((height, width, 3), dtype=torch.uint8, device=device)
             else:
                 source = image
