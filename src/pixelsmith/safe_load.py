@@ -5,15 +5,22 @@ so a file crafted to run code when it is unpickled (a `__reduce__` that calls `o
 is no fallback to full unpickling anywhere in Pixelsmith: a file that does not load this way stops the run in one
 paragraph naming the key that gave it, why it does not load, and what to give instead. Every checkpoint train.py
 writes loads this way (tests/conftest.py `last_checkpoint` reads them so).
+
+`build_to_fit` builds a network that a file's stored config sizes (a width, a count of blocks) without trusting
+the sizes: first on the meta device, which allocates nothing, with the number of submodules bounded by the tensors
+the file holds, then for real only if every parameter shape matches the file's own weights.
 """
 
 from __future__ import annotations
 
 import warnings
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import torch
+from torch import nn
+from torch.nn.modules.module import register_module_module_registration_hook
 
 from pixelsmith.errors import PixelsmithError
 
@@ -67,3 +74,63 @@ def load_data_only(path: str | Path, key: str, advice: str, mmap: bool = False) 
             f"{key}={path} looks truncated or corrupt: it does not read as a complete PyTorch file "
             f"({path.stat().st_size} bytes; {type(err).__name__}: {first_line}). {advice}"
         ) from err
+
+
+class NetworkMismatchError(UnloadableFileError):
+    """A file's stored network config does not build the network its own weights belong to."""
+
+
+# A network has at most a few submodules per parameter tensor (activations, containers): a config asking for more
+# than this many per tensor of the file's weights cannot be the network those weights came from.
+SUBMODULES_PER_TENSOR = 4
+
+
+class _TooManyModules(Exception):
+    pass
+
+
+def build_to_fit(build: Callable[[], nn.Module], state: dict[str, Any], source: str, what: str) -> nn.Module:
+    """`build()` with `state` loaded, refused (NetworkMismatchError) when the network `build` makes would not hold
+    exactly the tensors of `state`, checked before any memory is taken for it."""
+    budget = SUBMODULES_PER_TENSOR * len(state) + 64
+    registered = [0]
+
+    def count(_module: nn.Module, _name: str, _child: nn.Module | None) -> None:
+        registered[0] += 1
+        if registered[0] > budget:
+            raise _TooManyModules
+
+    handle = register_module_module_registration_hook(count)
+    try:
+        with torch.device("meta"):
+            shape_only = build()
+    except _TooManyModules:
+        raise NetworkMismatchError(
+            f"{source}: its stored {what} config asks for a network of more than {budget} modules, far more than "
+            f"its {len(state)} weight tensors could fill. Nothing was allocated for it; the file is damaged or was "
+            "edited."
+        ) from None
+    except Exception as err:  # noqa: BLE001 (a network refusing its arguments, whatever it raises)
+        cause = err.__cause__ if err.__cause__ is not None else err
+        detail = (str(cause).strip().splitlines() or [""])[0][:300]
+        raise NetworkMismatchError(
+            f"{source}: its stored {what} config does not build a network ({type(cause).__name__}: {detail}). "
+            "The file is damaged or was edited."
+        ) from None
+    finally:
+        handle.remove()
+    expected = {k: tuple(v.shape) for k, v in shape_only.state_dict().items()}
+    found = {k: tuple(v.shape) for k, v in state.items() if isinstance(v, torch.Tensor)}
+    if expected != found or len(found) != len(state):
+        differ = sorted(set(expected) ^ set(state)) or sorted(
+            k for k in expected if expected[k] != found.get(k)
+        )
+        first = differ[0]
+        raise NetworkMismatchError(
+            f"{source}: its {what} weights do not fit its own stored config ({len(differ)} tensor(s) differ, first "
+            f"{first}: the config gives {expected.get(first)}, the file {found.get(first)}). Nothing was allocated "
+            "for it; the file is damaged or was edited."
+        )
+    network = build()
+    network.load_state_dict(state, strict=True)
+    return network

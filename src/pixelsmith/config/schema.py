@@ -79,22 +79,32 @@ class TrainConfig:
     auto_batch: AutoBatchConfig = field(default_factory=AutoBatchConfig)
 
 
+# The general groups' typed schemas: (group, name, dataclass), as stored in Hydra's ConfigStore.
+GENERAL_SCHEMAS: list[tuple[str, str, type]] = [
+    ("hardware", "_schema", HardwareConfig),
+    ("precision", "_schema", PrecisionConfig),
+    ("strategy", "_schema", StrategyConfig),
+    ("data", "_schema", DataConfig),
+    ("data", "_mnist_schema", MNISTDataConfig),
+    ("data", "_image_folder_schema", ImageFolderDataConfig),
+    ("data", "_zip_schema", ZipDataConfig),
+    ("data", "_shards_schema", ShardsDataConfig),
+    ("schedule", "_schema", ScheduleConfig),
+    ("augment", "_diffaugment_schema", DiffAugmentConfig),
+    ("augment", "_ada_schema", AdaptiveAugmentConfig),
+    ("paths", "_schema", PathsConfig),
+    ("profiler", "_schema", ProfilerConfig),
+]
+
+
+def all_schemas() -> list[tuple[str, str, type]]:
+    """Every group schema: the general ones and those of each part present (the models' and their data's)."""
+    return [*GENERAL_SCHEMAS, *contributed("SCHEMAS")]
+
+
 def register_configs() -> None:
     """Register every schema; called by the entry points before Hydra composes."""
     cs = ConfigStore.instance()
     cs.store(name="_train_schema", node=typed(TrainConfig))
-    cs.store(group="hardware", name="_schema", node=typed(HardwareConfig))
-    cs.store(group="precision", name="_schema", node=typed(PrecisionConfig))
-    cs.store(group="strategy", name="_schema", node=typed(StrategyConfig))
-    cs.store(group="data", name="_schema", node=typed(DataConfig))
-    cs.store(group="data", name="_mnist_schema", node=typed(MNISTDataConfig))
-    cs.store(group="data", name="_image_folder_schema", node=typed(ImageFolderDataConfig))
-    cs.store(group="data", name="_zip_schema", node=typed(ZipDataConfig))
-    cs.store(group="data", name="_shards_schema", node=typed(ShardsDataConfig))
-    cs.store(group="schedule", name="_schema", node=typed(ScheduleConfig))
-    cs.store(group="augment", name="_diffaugment_schema", node=typed(DiffAugmentConfig))
-    cs.store(group="augment", name="_ada_schema", node=typed(AdaptiveAugmentConfig))
-    cs.store(group="paths", name="_schema", node=typed(PathsConfig))
-    cs.store(group="profiler", name="_schema", node=typed(ProfilerConfig))
-    for group, name, schema in contributed("SCHEMAS"):  # the models' and their data's, from each part present
+    for group, name, schema in all_schemas():
         cs.store(group=group, name=name, node=typed(schema))

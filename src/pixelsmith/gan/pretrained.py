@@ -17,9 +17,11 @@ from typing import Any
 import torch
 from torch import nn
 
+from pixelsmith.config.stored import check_section, field_schema, option_schema
 from pixelsmith.errors import PixelsmithError
 from pixelsmith.gan.nvlabs import Converted, convert_pickle, load_into
-from pixelsmith.safe_load import load_data_only
+from pixelsmith.parts import contributed
+from pixelsmith.safe_load import build_to_fit, load_data_only
 
 log = logging.getLogger(__name__)
 
@@ -195,23 +197,23 @@ def load_generator(ckpt_path: str, key: str = "ckpt_path") -> tuple[nn.Module, d
     else:
         checkpoint = load_data_only(path, key, CHECKPOINT_ADVICE)
         stored = checkpoint.get("pixelsmith_config") if isinstance(checkpoint, dict) else None
-        model_cfg = dict((stored or {}).get("model") or {})
-        if not isinstance(model_cfg.get("generator"), dict) or "_target_" not in model_cfg["generator"]:
+        model_cfg = (stored or {}).get("model") if isinstance(stored, dict) else None
+        if not isinstance(model_cfg, dict) or not isinstance(model_cfg.get("generator"), dict):
             raise PixelsmithError(
                 f"{key}={path} holds no GAN generator config (pixelsmith_config.model.generator): it was not "
                 f"written by a GAN training run. {CHECKPOINT_ADVICE}"
             )
+        # Checked as data first: the generator's _target_ must be one the config tree names at model.generator,
+        # its values those of the model option's typed schema. Only then is the (allowed) class built.
+        name = model_cfg.get("name")
+        schema = option_schema("model", name, contributed("SCHEMAS")) if isinstance(name, str) else None
+        generator_cfg = check_section(
+            "model.generator", model_cfg["generator"], f"{key}={path}", field_schema(schema, "generator")
+        )
         states = networks_of_checkpoint(checkpoint)
-        generator_cfg = dict(model_cfg["generator"])
-        generator = instantiate(generator_cfg)
         state = states["G_ema"] or states["G"]
-        try:
-            generator.load_state_dict(state, strict=True)
-        except RuntimeError as err:
-            raise PixelsmithError(
-                f"{key}={path}: its generator weights do not fit its own config ({str(err).splitlines()[0]})."
-            ) from None
-        name = str(model_cfg.get("name") or model_cfg.get("_target_"))
+        generator = build_to_fit(lambda: instantiate(generator_cfg), state, f"{key}={path}", "generator")
+        name = str(name or model_cfg.get("_target_"))
     generator.eval().requires_grad_(False)
     info = {
         "model": name,

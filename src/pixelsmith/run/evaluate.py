@@ -17,12 +17,17 @@ from hydra.utils import get_class, get_method
 from omegaconf import DictConfig, OmegaConf
 
 from pixelsmith.callbacks.evaluation import build_gan_metric, generate_into
-from pixelsmith.core.config import CoreSettings
+from pixelsmith.config.paths import CONF_DIR
+from pixelsmith.config.schema import all_schemas
+from pixelsmith.config.stored import StoredConfigError, check_section, option_schema, options_of
+from pixelsmith.config.validate import validate_config
+from pixelsmith.core.config import PRECISIONS, CoreSettings
 from pixelsmith.errors import PixelsmithError
 from pixelsmith.hardware.settings import apply_hardware
 from pixelsmith.parts import contributed
 from pixelsmith.run.build import build_datamodule, build_model, resolve_hardware
 from pixelsmith.run.resume import check_resume_path
+from pixelsmith.safe_load import build_to_fit, load_data_only
 
 log = logging.getLogger(__name__)
 
@@ -32,11 +37,15 @@ def load_checkpoint(path: str) -> dict[str, Any]:
     for suffix, reader in contributed("CHECKPOINT_READERS"):
         if Path(path).suffix.lower() == suffix:
             return get_method(reader)(path)
-    checkpoint = torch.load(path, map_location="cpu", weights_only=True)
-    if "pixelsmith_config" not in checkpoint or not checkpoint["pixelsmith_config"]:
+    checkpoint = load_data_only(path, "ckpt_path", "Evaluate a checkpoint written by `python train.py`.")
+    if not isinstance(checkpoint, dict) or not checkpoint.get("pixelsmith_config"):
         raise PixelsmithError(
             f"{path} holds no Pixelsmith run config ('pixelsmith_config'); evaluate a checkpoint written by "
             "`python train.py` (its checkpoints/ folder)."
+        )
+    if not isinstance(checkpoint.get("state_dict"), dict):
+        raise PixelsmithError(
+            f"{path} holds no 'state_dict': evaluate a checkpoint written by `python train.py`."
         )
     return checkpoint
 
@@ -45,9 +54,63 @@ def run_cfg_data_of(cfg: DictConfig) -> DictConfig:
     return OmegaConf.create(OmegaConf.to_container(cfg.data, resolve=True))
 
 
-def _check_generates_images(ckpt_path: Path, model_cfg: DictConfig) -> None:
+def _option_named(group: str, node: dict, source: str) -> str:
+    """The `conf/<group>/` option a stored node comes from: by its `name` (model, data), else by its `_target_`
+    (augment, which has no name). Refused when this checkout has no such option."""
+    options = options_of(group)
+    name = node.get("name")
+    if isinstance(name, str) and name in options:
+        return name
+    for option in options:
+        tree = OmegaConf.to_container(OmegaConf.load(CONF_DIR / group / f"{option}.yaml"))
+        if isinstance(tree, dict) and tree.get("_target_") and tree.get("_target_") == node.get("_target_"):
+            return option
+    raise StoredConfigError(
+        f"{source}: its stored {group} config names {name or node.get('_target_')!r}, which is no option of "
+        f"conf/{group}/ in this checkout ({', '.join(options)}). Nothing was built from it. Evaluate it with the "
+        "checkout that trained it, or add that option's YAML."
+    )
+
+
+def trusted_run_config(stored: Any, source: str) -> dict[str, Any]:
+    """The parts of a checkpoint's stored run config that evaluation builds (model, data, augment) and reads (seed,
+    the precision it trained in), each checked as data against the config tree and the option's typed schema
+    (`pixelsmith.config.stored`). The optimizers are not read: nothing is trained."""
+    if not isinstance(stored, dict):
+        raise StoredConfigError(
+            f"{source}: its stored run config is a {type(stored).__name__}, not a config."
+        )
+    schemas = all_schemas()
+    trusted: dict[str, Any] = {}
+    for group in ("model", "data"):
+        node = stored.get(group)
+        if not isinstance(node, dict):
+            raise StoredConfigError(
+                f"{source}: its stored run config has no {group} node; it was not written by train.py."
+            )
+        option = _option_named(group, node, source)
+        trusted[group] = check_section(group, node, source, option_schema(group, option, schemas))
+    for optimizer in ("g_optimizer", "d_optimizer", "optimizer"):
+        trusted["model"].pop(optimizer, None)
+    augment = stored.get("augment") or None
+    if augment is not None:
+        option = _option_named("augment", augment, source) if isinstance(augment, dict) else "?"
+        augment = check_section("augment", augment, source, option_schema("augment", option, schemas))
+    trusted["augment"] = augment
+    seed = stored.get("seed", 0)
+    if isinstance(seed, bool) or not isinstance(seed, int):
+        raise StoredConfigError(f"{source}: its stored seed is {seed!r}, not an integer.")
+    trusted["seed"] = seed
+    plan = stored.get("runtime_plan") if isinstance(stored.get("runtime_plan"), dict) else {}
+    precision = plan.get("precision")
+    trusted["precision"] = precision if precision in PRECISIONS else None
+    return trusted
+
+
+def _check_generates_images(ckpt_path: str, model_cfg: dict) -> None:
     """evaluate.py measures generators (`generate(z)`); another model is refused with what its class says to do
-    instead (`evaluate_instead`, formatted with the checkpoint path). General code names no model."""
+    instead (`evaluate_instead`, formatted with the checkpoint path). General code names no model. The class name
+    is one the config tree gives (checked by `trusted_run_config` first)."""
     target = str(model_cfg.get("_target_", ""))
     if not target:
         return
@@ -75,37 +138,41 @@ def evaluate(cfg: DictConfig) -> dict[str, float]:
     # A part's own format (an NVlabs pickle) is a network, not a run: its reader checks it, not the resume checks.
     ckpt_path = str(Path(cfg.ckpt_path).expanduser()) if read_by_a_part else check_resume_path(cfg.ckpt_path)
     checkpoint = load_checkpoint(ckpt_path)
-    # A checkpoint from before a network setting existed is rebuilt as the network it was trained as.
-    stored = OmegaConf.create(checkpoint["pixelsmith_config"])
-    _check_generates_images(ckpt_path, stored.model)
-    if OmegaConf.to_container(cfg.model, resolve=True) != OmegaConf.to_container(stored.model):
+    # Checked as data before anything is built: a stored _target_ is a class the config tree names there.
+    stored = trusted_run_config(checkpoint["pixelsmith_config"], ckpt_path)
+    _check_generates_images(ckpt_path, stored["model"])
+    if OmegaConf.to_container(cfg.model, resolve=True) != stored["model"]:
         log.warning(
             "The composed model config differs from the checkpoint's; using the checkpoint's (%s).",
-            stored.model.name,
+            stored["model"].get("name"),
         )
-    if cfg.precision.name == "auto" and stored.get("runtime_plan"):
+    if cfg.precision.name == "auto" and stored["precision"]:
         # Evaluate in the precision the run trained (and was evaluated) in, unless told otherwise.
-        cfg = OmegaConf.merge(cfg, {"precision": {"name": stored.runtime_plan.precision}})
+        cfg = OmegaConf.merge(cfg, {"precision": {"name": stored["precision"]}})
     hardware = resolve_hardware(cfg)
     apply_hardware(
         hardware
     )  # the profile's switches (matmul precision, cudnn.benchmark, threads) as in training
-    # Replace, not merge: the composed model node may be another architecture with other keys. A plain
-    # (schema-free) copy accepts the stored nodes whatever their shape.
+    # Replace, not merge: the composed model node may be another architecture with other keys. The stored nodes
+    # were typed by their own option's schema above; the config rules check the values as at training start-up.
     run_cfg = OmegaConf.create(OmegaConf.to_container(cfg, resolve=True))
-    run_cfg.model = stored.model
-    run_cfg.data = stored.data
+    run_cfg.model = stored["model"]
+    run_cfg.data = stored["data"]
     if checkpoint.get("converted_from"):
         # A converted network was never trained here: the data to measure against is this command's, at the
         # network's resolution and channels.
         run_cfg.data = OmegaConf.merge(
-            run_cfg_data_of(cfg), {"resolution": stored.data.resolution, "channels": stored.data.channels}
+            run_cfg_data_of(cfg),
+            {"resolution": stored["data"].get("resolution"), "channels": stored["data"].get("channels")},
         )
     if run_cfg.model.get("init_from"):
         run_cfg.model.init_from = None  # the checkpoint's own weights are the ones measured
-    run_cfg.augment = stored.get("augment")
-    model = build_model(run_cfg, CoreSettings(precision=hardware.precision, seed=int(stored.seed)))
-    model.load_state_dict(checkpoint["state_dict"])
+    run_cfg.augment = stored["augment"]
+    validate_config(run_cfg)
+    core = CoreSettings(precision=hardware.precision, seed=stored["seed"])
+    # Built on the meta device first and compared with the file's weights: sizes a stored config gives are taken
+    # only when the file holds the tensors they make.
+    model = build_to_fit(lambda: build_model(run_cfg, core), checkpoint["state_dict"], ckpt_path, "model")
     device = torch.device(hardware.accelerator)
     model.to(device).eval()
     datamodule = build_datamodule(run_cfg, hardware)
@@ -124,19 +191,21 @@ def evaluate(cfg: DictConfig) -> dict[str, float]:
     )
     generate_into(metric, model, ev.num_samples, ev.batch_size, ev.seed)
     scores = metric.compute()
-    scores["iteration"] = float(checkpoint["pixelsmith"]["iteration"])
+    progress = checkpoint.get("pixelsmith") if isinstance(checkpoint.get("pixelsmith"), dict) else {}
+    iteration = progress.get("iteration", 0)
+    scores["iteration"] = float(iteration) if isinstance(iteration, int | float) else 0.0
     output_dir = Path(cfg.paths.output_dir)
     output_dir.mkdir(parents=True, exist_ok=True)
     report = {
         "checkpoint": ckpt_path,
-        "model": stored.model.name,
+        "model": stored["model"].get("name"),
         "precision": hardware.precision,
         "metrics": scores,
     }
     (output_dir / "metrics.json").write_text(json.dumps(report, indent=2))
     rows = "\n".join(f"| {k} | {v:.6g} |" for k, v in scores.items())
     (output_dir / "metrics.md").write_text(
-        f"# Evaluation of `{ckpt_path}`\n\nmodel: {stored.model.name}, iteration {int(scores['iteration'])}, "
+        f"# Evaluation of `{ckpt_path}`\n\nmodel: {stored['model'].get('name')}, iteration {int(scores['iteration'])}, "
         f"extractor: {metric.extractor.name}, {ev.num_samples} generated vs {int(scores['num_real'])} real images\n\n"
         f"| metric | value |\n|---|---|\n{rows}\n"
     )

@@ -34,9 +34,10 @@ import torch
 from torch import nn
 
 from pixelsmith.config.argv_options import parse_key_values
+from pixelsmith.config.stored import plain_tree
 from pixelsmith.core.precision import AUTOCAST_DTYPES
 from pixelsmith.errors import PixelsmithError, check_writable_folder
-from pixelsmith.safe_load import load_data_only
+from pixelsmith.safe_load import NetworkMismatchError, build_to_fit, load_data_only
 from pixelsmith.style.data import (
     IMAGE_EXTENSIONS,
     ImageNotFoundError,
@@ -111,6 +112,16 @@ def _load_into(module: nn.Module, state: dict[str, torch.Tensor], what: str, pat
         ) from error
 
 
+def _build_to_fit(build, state: dict[str, torch.Tensor], path: Path, what: str) -> nn.Module:
+    try:
+        return build_to_fit(build, state, str(path), what)
+    except NetworkMismatchError as error:
+        raise CheckpointFormatError(
+            f"{error} (Was the checkpoint written with a different architecture config than its "
+            "pixelsmith_config['model'] says?)"
+        ) from None
+
+
 def load_stylizer_from_checkpoint(path: str | Path) -> nn.Module:
     """TransformerNet or AdaINNet (eval mode, CPU) from a training checkpoint (contract: module docstring)."""
     path = Path(path)
@@ -118,17 +129,28 @@ def load_stylizer_from_checkpoint(path: str | Path) -> nn.Module:
     state = checkpoint.get("state_dict") if isinstance(checkpoint, dict) else None
     if not isinstance(state, dict):
         raise CheckpointFormatError(f"{path} has no 'state_dict': is it a Pixelsmith training checkpoint?")
-    model_config = dict((checkpoint.get("pixelsmith_config") or {}).get("model") or {})
+    stored = checkpoint.get("pixelsmith_config")
+    stored_model = stored.get("model") if isinstance(stored, dict) else None
+    # Plain data within limits, checked before any value is used; the sizes it gives (widths, block counts) are
+    # taken only when the file holds the tensors they make (safe_load.build_to_fit).
+    model_config = plain_tree(stored_model if isinstance(stored_model, dict) else {}, str(path), "model")
 
     stylizer_state = _sub_state(state, "stylizer.")
     decoder_state = _sub_state(state, "decoder.")
     if stylizer_state:
-        model = TransformerNet.from_config(model_config.get("stylizer"))
-        _load_into(model, stylizer_state, "TransformerNet (stylizer.*)", path)
-        return model.eval()
+        return _build_to_fit(
+            lambda: TransformerNet.from_config(model_config.get("stylizer")),
+            stylizer_state,
+            path,
+            "TransformerNet (stylizer.*)",
+        ).eval()
     if decoder_state:
-        decoder = AdaINDecoder.from_config(model_config.get("decoder"))
-        _load_into(decoder, decoder_state, "AdaIN decoder (decoder.*)", path)
+        decoder = _build_to_fit(
+            lambda: AdaINDecoder.from_config(model_config.get("decoder")),
+            decoder_state,
+            path,
+            "AdaIN decoder (decoder.*)",
+        )
         encoder_state = _sub_state(state, "encoder.")
         if encoder_state:
             with warnings.catch_warnings():
