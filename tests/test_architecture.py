@@ -29,7 +29,10 @@ LAYERS: list[tuple[str, ...]] = [
     # (parts: finds the optional model parts at run time, by their part.py, without importing them by name)
     ("errors", "hashing", "run.launch", "config.choices", "parts", "config.argv_options"),
     ("config.paths", "safe_load", "config.rules"),  # where the config tree and data live; user files as data
-    ("core", "config.stored"),  # the training core (loop bookkeeping, optimizers, precision, strategies) and its schemas
+    (
+        "core",
+        "config.stored",
+    ),  # the training core (loop bookkeeping, optimizers, precision, strategies) and its schemas
     ("hardware.schema",),  # the hardware/precision/strategy schemas
     ("hardware.settings",),  # profiles -> the one set of hardware settings
     ("run.build",),  # hardware settings, core settings, datamodule and model from the composed config

@@ -49,6 +49,8 @@ MAX_INT = 2**40
 # Keys whose children are named freely by a config (regularizers: r1, path_length, gp, a fork's own): one place.
 FREE_NAMED = ("regularizers",)
 UNDERSCORE_KEYS = ("_target_", "_partial_")
+# A model's optimizer nodes: building from a checkpoint never trains, so they are dropped unread.
+OPTIMIZER_KEYS = ("g_optimizer", "d_optimizer", "optimizer")
 
 
 class StoredConfigError(PixelsmithError):
@@ -211,6 +213,19 @@ def check_section(
     while stack:
         current, path = stack.pop()
         where = ".".join(path)
+        target = current.get("_target_")
+        if target is not None:
+            expected = allowed.get(_generalised(path), frozenset())
+            if not isinstance(target, str) or target not in expected:
+                named = f"the class {target!r}" if isinstance(target, str) else f"a {type(target).__name__}"
+                where_allowed = ", ".join(sorted(expected)) or "no class at all"
+                raise _refuse(
+                    source,
+                    f"{where}._target_",
+                    f"{named}, which the config tree does not name there (it allows: {where_allowed})",
+                    "A class of your own is allowed once a YAML under conf/ names it at that place (README: how to "
+                    "add your own); a checkpoint from elsewhere is refused, whatever it holds.",
+                )
         for key, value in current.items():
             if key.startswith("_") and key not in UNDERSCORE_KEYS:
                 raise _refuse(source, f"{where}.{key}", f"the key {key!r}, which this project never stores")
@@ -220,20 +235,6 @@ def check_section(
                 stack.append((value, (*path, key)))
             elif isinstance(value, list):
                 stack.extend((item, (*path, key)) for item in value if isinstance(item, dict))
-        target = current.get("_target_")
-        if target is None:
-            continue
-        expected = allowed.get(_generalised(path), frozenset())
-        if not isinstance(target, str) or target not in expected:
-            named = f"the class {target!r}" if isinstance(target, str) else f"a {type(target).__name__}"
-            where_allowed = ", ".join(sorted(expected)) or "no class at all"
-            raise _refuse(
-                source,
-                f"{where}._target_",
-                f"{named}, which the config tree does not name there (it allows: {where_allowed})",
-                "A class of your own is allowed once a YAML under conf/ names it at that place (README: how to add "
-                "your own); a checkpoint from elsewhere is refused, whatever it holds.",
-            )
     if schema is not None:
         node = _merged_into_schema(node, schema, section, source)
     _check_untyped_arguments(node, schema, section, source)
@@ -279,7 +280,8 @@ def _check_untyped_arguments(node: dict, schema: type | None, section: str, sour
             where = ".".join((section, *path))
             raise _refuse(source, where, f"{target} cannot be imported here ({type(err).__name__})") from None
         accepted, any_key = _arguments(cls)
-        unknown = sorted(k for k in current if not k.startswith("_") and k not in accepted)
+        # `name`: the option's own name, which the builders read and remove before the class is called.
+        unknown = sorted(k for k in current if not k.startswith("_") and k not in accepted and k != "name")
         if unknown and not any_key:
             where = ".".join((section, *path))
             raise _refuse(
@@ -310,3 +312,58 @@ def _arguments(cls: type) -> tuple[set[str], bool]:
         if not any(p.kind == p.VAR_KEYWORD for p in params):
             return names, False
     return names, True
+
+
+def _option_named(group: str, node: dict, source: str) -> str:
+    """The `conf/<group>/` option a stored node comes from: by its `name` (model, data), else by its `_target_`
+    (augment, which has no name). Refused when this checkout has no such option."""
+    options = options_of(group)
+    name = node.get("name")
+    if isinstance(name, str) and name in options:
+        return name
+    for option in options if "name" not in node else ():  # a named node is its name's option or none
+        tree = OmegaConf.to_container(OmegaConf.load(CONF_DIR / group / f"{option}.yaml"))
+        if isinstance(tree, dict) and tree.get("_target_") and tree.get("_target_") == node.get("_target_"):
+            return option
+    named = name if isinstance(name, str) else node.get("_target_")
+    raise _refuse(
+        source,
+        group,
+        f"{named!r} is no option of conf/{group}/ in this checkout ({', '.join(options)})",
+        "Use it with the checkout that trained it, or add that option's YAML under conf/.",
+    )
+
+
+def trusted_run_config(stored: Any, source: str, schemas: Iterable[tuple[str, str, type]]) -> dict[str, Any]:
+    """The parts of a checkpoint's stored run config that evaluation builds (model, data, augment) and reads (seed,
+    the precision it trained in), each checked as data against the config tree and the option's typed schema
+    (`schemas`: (group, name, dataclass) rows). The optimizers are dropped unread: nothing is trained."""
+    if not isinstance(stored, dict):
+        raise StoredConfigError(
+            f"{source}: its stored run config is a {type(stored).__name__}, not a config."
+        )
+    schemas = list(schemas)
+    trusted: dict[str, Any] = {}
+    for group in ("model", "data"):
+        node = stored.get(group)
+        if not isinstance(node, dict):
+            raise StoredConfigError(
+                f"{source}: its stored run config has no {group} node; it was not written by train.py."
+            )
+        if group == "model":  # never read: nothing trains, so a class they name is never even looked at
+            node = {k: v for k, v in node.items() if k not in OPTIMIZER_KEYS}
+        option = _option_named(group, node, source)
+        trusted[group] = check_section(group, node, source, option_schema(group, option, schemas))
+    augment = stored.get("augment") or None
+    if augment is not None:
+        option = _option_named("augment", augment, source) if isinstance(augment, dict) else "?"
+        augment = check_section("augment", augment, source, option_schema("augment", option, schemas))
+    trusted["augment"] = augment
+    seed = stored.get("seed", 0)
+    if isinstance(seed, bool) or not isinstance(seed, int):
+        raise StoredConfigError(f"{source}: its stored seed is {seed!r}, not an integer.")
+    trusted["seed"] = seed
+    plan = stored.get("runtime_plan") if isinstance(stored.get("runtime_plan"), dict) else {}
+    precision = plan.get("precision")
+    trusted["precision"] = precision if isinstance(precision, str) else None
+    return trusted

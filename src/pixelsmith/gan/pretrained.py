@@ -17,7 +17,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from pixelsmith.config.stored import check_section, field_schema, option_schema
+from pixelsmith.config.stored import trusted_run_config
 from pixelsmith.errors import PixelsmithError
 from pixelsmith.gan.nvlabs import Converted, convert_pickle, load_into
 from pixelsmith.parts import contributed
@@ -44,7 +44,8 @@ def is_pickle(path: str | os.PathLike) -> bool:
 
 
 def networks_of_checkpoint(checkpoint: dict[str, Any]) -> dict[str, dict[str, torch.Tensor]]:
-    state = checkpoint.get("state_dict") or {}
+    state = checkpoint.get("state_dict")
+    state = {k: v for k, v in state.items() if isinstance(k, str)} if isinstance(state, dict) else {}
     return {
         name: {k[len(prefix) :]: v for k, v in state.items() if k.startswith(prefix)}
         for name, prefix in PREFIXES.items()
@@ -203,13 +204,11 @@ def load_generator(ckpt_path: str, key: str = "ckpt_path") -> tuple[nn.Module, d
                 f"{key}={path} holds no GAN generator config (pixelsmith_config.model.generator): it was not "
                 f"written by a GAN training run. {CHECKPOINT_ADVICE}"
             )
-        # Checked as data first: the generator's _target_ must be one the config tree names at model.generator,
-        # its values those of the model option's typed schema. Only then is the (allowed) class built.
-        name = model_cfg.get("name")
-        schema = option_schema("model", name, contributed("SCHEMAS")) if isinstance(name, str) else None
-        generator_cfg = check_section(
-            "model.generator", model_cfg["generator"], f"{key}={path}", field_schema(schema, "generator")
-        )
+        # Checked as data first, as evaluate.py checks it: every _target_ one the config tree names at its place,
+        # the values those of the model option's typed schema. Only then is the (allowed) generator class built.
+        trusted = trusted_run_config(stored, f"{key}={path}", contributed("SCHEMAS"))
+        generator_cfg = trusted["model"]["generator"]
+        name = trusted["model"].get("name")
         states = networks_of_checkpoint(checkpoint)
         state = states["G_ema"] or states["G"]
         generator = build_to_fit(lambda: instantiate(generator_cfg), state, f"{key}={path}", "generator")

@@ -17,9 +17,8 @@ from hydra.utils import get_class, get_method
 from omegaconf import DictConfig, OmegaConf
 
 from pixelsmith.callbacks.evaluation import build_gan_metric, generate_into
-from pixelsmith.config.paths import CONF_DIR
 from pixelsmith.config.schema import all_schemas
-from pixelsmith.config.stored import StoredConfigError, check_section, option_schema, options_of
+from pixelsmith.config.stored import trusted_run_config
 from pixelsmith.config.validate import validate_config
 from pixelsmith.core.config import PRECISIONS, CoreSettings
 from pixelsmith.errors import PixelsmithError
@@ -54,59 +53,6 @@ def run_cfg_data_of(cfg: DictConfig) -> DictConfig:
     return OmegaConf.create(OmegaConf.to_container(cfg.data, resolve=True))
 
 
-def _option_named(group: str, node: dict, source: str) -> str:
-    """The `conf/<group>/` option a stored node comes from: by its `name` (model, data), else by its `_target_`
-    (augment, which has no name). Refused when this checkout has no such option."""
-    options = options_of(group)
-    name = node.get("name")
-    if isinstance(name, str) and name in options:
-        return name
-    for option in options:
-        tree = OmegaConf.to_container(OmegaConf.load(CONF_DIR / group / f"{option}.yaml"))
-        if isinstance(tree, dict) and tree.get("_target_") and tree.get("_target_") == node.get("_target_"):
-            return option
-    raise StoredConfigError(
-        f"{source}: its stored {group} config names {name or node.get('_target_')!r}, which is no option of "
-        f"conf/{group}/ in this checkout ({', '.join(options)}). Nothing was built from it. Evaluate it with the "
-        "checkout that trained it, or add that option's YAML."
-    )
-
-
-def trusted_run_config(stored: Any, source: str) -> dict[str, Any]:
-    """The parts of a checkpoint's stored run config that evaluation builds (model, data, augment) and reads (seed,
-    the precision it trained in), each checked as data against the config tree and the option's typed schema
-    (`pixelsmith.config.stored`). The optimizers are not read: nothing is trained."""
-    if not isinstance(stored, dict):
-        raise StoredConfigError(
-            f"{source}: its stored run config is a {type(stored).__name__}, not a config."
-        )
-    schemas = all_schemas()
-    trusted: dict[str, Any] = {}
-    for group in ("model", "data"):
-        node = stored.get(group)
-        if not isinstance(node, dict):
-            raise StoredConfigError(
-                f"{source}: its stored run config has no {group} node; it was not written by train.py."
-            )
-        option = _option_named(group, node, source)
-        trusted[group] = check_section(group, node, source, option_schema(group, option, schemas))
-    for optimizer in ("g_optimizer", "d_optimizer", "optimizer"):
-        trusted["model"].pop(optimizer, None)
-    augment = stored.get("augment") or None
-    if augment is not None:
-        option = _option_named("augment", augment, source) if isinstance(augment, dict) else "?"
-        augment = check_section("augment", augment, source, option_schema("augment", option, schemas))
-    trusted["augment"] = augment
-    seed = stored.get("seed", 0)
-    if isinstance(seed, bool) or not isinstance(seed, int):
-        raise StoredConfigError(f"{source}: its stored seed is {seed!r}, not an integer.")
-    trusted["seed"] = seed
-    plan = stored.get("runtime_plan") if isinstance(stored.get("runtime_plan"), dict) else {}
-    precision = plan.get("precision")
-    trusted["precision"] = precision if precision in PRECISIONS else None
-    return trusted
-
-
 def _check_generates_images(ckpt_path: str, model_cfg: dict) -> None:
     """evaluate.py measures generators (`generate(z)`); another model is refused with what its class says to do
     instead (`evaluate_instead`, formatted with the checkpoint path). General code names no model. The class name
@@ -139,14 +85,14 @@ def evaluate(cfg: DictConfig) -> dict[str, float]:
     ckpt_path = str(Path(cfg.ckpt_path).expanduser()) if read_by_a_part else check_resume_path(cfg.ckpt_path)
     checkpoint = load_checkpoint(ckpt_path)
     # Checked as data before anything is built: a stored _target_ is a class the config tree names there.
-    stored = trusted_run_config(checkpoint["pixelsmith_config"], ckpt_path)
+    stored = trusted_run_config(checkpoint["pixelsmith_config"], ckpt_path, all_schemas())
     _check_generates_images(ckpt_path, stored["model"])
     if OmegaConf.to_container(cfg.model, resolve=True) != stored["model"]:
         log.warning(
             "The composed model config differs from the checkpoint's; using the checkpoint's (%s).",
             stored["model"].get("name"),
         )
-    if cfg.precision.name == "auto" and stored["precision"]:
+    if cfg.precision.name == "auto" and stored["precision"] in PRECISIONS:
         # Evaluate in the precision the run trained (and was evaluated) in, unless told otherwise.
         cfg = OmegaConf.merge(cfg, {"precision": {"name": stored["precision"]}})
     hardware = resolve_hardware(cfg)
