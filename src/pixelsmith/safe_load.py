@@ -89,9 +89,12 @@ class _TooManyModules(Exception):
     pass
 
 
-def build_to_fit(build: Callable[[], nn.Module], state: dict[str, Any], source: str, what: str) -> nn.Module:
+def build_to_fit(
+    build: Callable[[], nn.Module], state: dict[str, Any], source: str, what: str, check_only: bool = False
+) -> nn.Module | None:
     """`build()` with `state` loaded, refused (NetworkMismatchError) when the network `build` makes would not hold
-    exactly the tensors of `state`, checked before any memory is taken for it."""
+    exactly the tensors of `state`, checked before any memory is taken for it. `check_only`: the check alone (the
+    caller builds the network as part of something larger); returns None."""
     budget = SUBMODULES_PER_TENSOR * len(state) + 64
     registered = [0]
 
@@ -121,16 +124,26 @@ def build_to_fit(build: Callable[[], nn.Module], state: dict[str, Any], source: 
         handle.remove()
     expected = {k: tuple(v.shape) for k, v in shape_only.state_dict().items()}
     found = {k: tuple(v.shape) for k, v in state.items() if isinstance(v, torch.Tensor)}
-    if expected != found or len(found) != len(state):
-        differ = sorted(set(expected) ^ set(state)) or sorted(
-            k for k in expected if expected[k] != found.get(k)
-        )
+    # Every tensor the config makes must be in the file at the file's shape. Tensors only the file has size nothing
+    # here (a network may take optional buffers when loading, such as StyleGAN2's fixed noise); the strict load
+    # below refuses any it does not take.
+    differ = sorted(k for k in expected if expected[k] != found.get(k))
+    if differ:
         first = differ[0]
         raise NetworkMismatchError(
             f"{source}: its {what} weights do not fit its own stored config ({len(differ)} tensor(s) differ, first "
             f"{first}: the config gives {expected.get(first)}, the file {found.get(first)}). Nothing was allocated "
             "for it; the file is damaged or was edited."
         )
+    if check_only:
+        return None
     network = build()
-    network.load_state_dict(state, strict=True)
+    try:
+        network.load_state_dict(state, strict=True)
+    except RuntimeError as err:
+        detail = next((line.strip() for line in str(err).splitlines()[1:] if line.strip()), str(err))[:300]
+        raise NetworkMismatchError(
+            f"{source}: its {what} weights do not fit its own stored config ({detail}). The file is damaged or was "
+            "edited."
+        ) from None
     return network

@@ -334,10 +334,16 @@ def _option_named(group: str, node: dict, source: str) -> str:
     )
 
 
-def trusted_run_config(stored: Any, source: str, schemas: Iterable[tuple[str, str, type]]) -> dict[str, Any]:
+def trusted_run_config(
+    stored: Any,
+    source: str,
+    schemas: Iterable[tuple[str, str, type]],
+    required: tuple[str, ...] = ("model", "data"),
+) -> dict[str, Any]:
     """The parts of a checkpoint's stored run config that evaluation builds (model, data, augment) and reads (seed,
     the precision it trained in), each checked as data against the config tree and the option's typed schema
-    (`schemas`: (group, name, dataclass) rows). The optimizers are dropped unread: nothing is trained."""
+    (`schemas`: (group, name, dataclass) rows); `required` must be there, the others are checked where present (None
+    where absent). The optimizers are dropped unread: nothing is trained."""
     if not isinstance(stored, dict):
         raise StoredConfigError(
             f"{source}: its stored run config is a {type(stored).__name__}, not a config."
@@ -346,6 +352,9 @@ def trusted_run_config(stored: Any, source: str, schemas: Iterable[tuple[str, st
     trusted: dict[str, Any] = {}
     for group in ("model", "data"):
         node = stored.get(group)
+        if node is None and group not in required:
+            trusted[group] = None
+            continue
         if not isinstance(node, dict):
             raise StoredConfigError(
                 f"{source}: its stored run config has no {group} node; it was not written by train.py."

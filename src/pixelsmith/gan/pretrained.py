@@ -206,7 +206,7 @@ def load_generator(ckpt_path: str, key: str = "ckpt_path") -> tuple[nn.Module, d
             )
         # Checked as data first, as evaluate.py checks it: every _target_ one the config tree names at its place,
         # the values those of the model option's typed schema. Only then is the (allowed) generator class built.
-        trusted = trusted_run_config(stored, f"{key}={path}", contributed("SCHEMAS"))
+        trusted = trusted_run_config(stored, f"{key}={path}", contributed("SCHEMAS"), required=("model",))
         generator_cfg = trusted["model"]["generator"]
         name = trusted["model"].get("name")
         states = networks_of_checkpoint(checkpoint)

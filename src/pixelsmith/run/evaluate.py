@@ -77,6 +77,23 @@ def _check_generates_images(ckpt_path: str, model_cfg: dict) -> None:
     )
 
 
+def _check_network_sizes(model_cfg: dict, state: dict, source: str) -> None:
+    """Each module a stored model node builds (`model.<key>` with a `_target_`, whose weights the checkpoint holds
+    under `<key>.`) is built on the meta device first and compared with those weights: sizes a stored config gives
+    are taken only when the file holds the tensors they make (`safe_load.build_to_fit`)."""
+    from hydra.utils import instantiate
+
+    for key, node in model_cfg.items():
+        prefix = f"{key}."
+        weights = {
+            k[len(prefix) :]: v for k, v in state.items() if isinstance(k, str) and k.startswith(prefix)
+        }
+        if isinstance(node, dict) and node.get("_target_") and weights:
+            build_to_fit(
+                lambda node=node: instantiate(node), weights, source, f"model.{key}", check_only=True
+            )
+
+
 def evaluate(cfg: DictConfig) -> dict[str, float]:
     read_by_a_part = any(
         str(cfg.ckpt_path).lower().endswith(suffix) for suffix, _ in contributed("CHECKPOINT_READERS")
@@ -115,10 +132,8 @@ def evaluate(cfg: DictConfig) -> dict[str, float]:
         run_cfg.model.init_from = None  # the checkpoint's own weights are the ones measured
     run_cfg.augment = stored["augment"]
     validate_config(run_cfg)
-    core = CoreSettings(precision=hardware.precision, seed=stored["seed"])
-    # Built on the meta device first and compared with the file's weights: sizes a stored config gives are taken
-    # only when the file holds the tensors they make.
-    model = build_to_fit(lambda: build_model(run_cfg, core), checkpoint["state_dict"], ckpt_path, "model")
+    _check_network_sizes(stored["model"], checkpoint["state_dict"], ckpt_path)
+    model = build_model(run_cfg, CoreSettings(precision=hardware.precision, seed=stored["seed"]))
     device = torch.device(hardware.accelerator)
     model.to(device).eval()
     datamodule = build_datamodule(run_cfg, hardware)
