@@ -80,7 +80,7 @@ def remove_new(path: Path) -> None:
     """Remove what `new_beside` made (after a failure): this command's own temporary output, nothing else."""
     if path.is_dir() and not path.is_symlink():
         shutil.rmtree(path, ignore_errors=True)
-    elif path.exists() or path.is_symlink():
+    else:
         path.unlink(missing_ok=True)
 
 
