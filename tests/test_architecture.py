@@ -27,7 +27,8 @@ ROOMS = ("run", "config", "hardware", "reports")
 LAYERS: list[tuple[str, ...]] = [
     # no Pixelsmith import at all (config.choices: the schemas' choice fields; config.rules: range rules)
     # (parts: finds the optional model parts at run time, by their part.py, without importing them by name)
-    ("errors", "hashing", "run.launch", "config.choices", "parts", "config.argv_options"),
+    # (owned_outputs: what overwrite=true may replace, for the commands that write datasets and checkpoints)
+    ("errors", "hashing", "run.launch", "config.choices", "parts", "config.argv_options", "owned_outputs"),
     ("config.paths", "safe_load", "config.rules"),  # where the config tree and data live; user files as data
     (
         "core",

@@ -265,6 +265,57 @@ if importlib.util.find_spec("wandb") is None:
     CASES.append(Case("train", "logger", lambda t: ["logger=wandb"], ("pip install", "logger=csv")))
 
 
+# ---- prepare.py: a dest that is, holds or lies inside its source, or that it did not write; a count of nothing.
+def _prepare(tmp: Path, dest: Path, *extra: str) -> list[str]:
+    return [f"source={_folder_with_a_speck(tmp)}", f"dest={dest}", "resolution=16", *extra]
+
+
+def _a_folder_of_the_users(tmp: Path) -> Path:
+    (tmp / "datasets").mkdir()
+    (tmp / "datasets" / "notes.txt").write_text("the user's")
+    return tmp / "datasets"
+
+
+CASES += [
+    Case(
+        "prepare",
+        "dest=source format=shards overwrite",
+        lambda t: _prepare(t, t / "images", "format=shards", "overwrite=true"),
+        ("is the input source=", "nothing was written or removed", "dest="),
+    ),
+    Case(
+        "prepare",
+        "dest holds the source, overwrite",
+        lambda t: _prepare(t, t, "overwrite=true"),
+        ("holds the input source=", "would remove it", "outside the source"),
+    ),
+    Case(
+        "prepare",
+        "dest inside the source",
+        lambda t: _prepare(t, t / "images" / "o.zip"),
+        ("lies inside the input source=", "outside the source"),
+    ),
+    Case(
+        "prepare",
+        "a folder as a zip's dest, overwrite",
+        lambda t: _prepare(t, _a_folder_of_the_users(t), "format=zip", "overwrite=true"),
+        ("a zip never replaces a folder", "Choose another dest="),
+    ),
+    Case(
+        "prepare",
+        "a folder of the user's as dest, overwrite",
+        lambda t: _prepare(t, _a_folder_of_the_users(t), "format=shards", "overwrite=true"),
+        ("not an earlier output of prepare.py", "Choose another dest="),
+    ),
+    Case(
+        "prepare",
+        "max_images=0",
+        lambda t: _prepare(t, t / "o.zip", "max_images=0"),
+        ("max_images=0", "leave max_images out"),
+    ),
+]
+
+
 def _refusal(case: Case, tmp: Path, capsys) -> str:
     """The paragraph the case is refused with; raises AssertionError when it is not refused cleanly."""
     args = case.args(tmp)

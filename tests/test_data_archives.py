@@ -91,7 +91,8 @@ def test_running_prepare_twice_gives_the_same_bytes(tmp_path):
 def test_a_crash_midway_leaves_no_half_written_archive_and_the_old_one_intact(tmp_path, monkeypatch):
     source = _classes_folder(tmp_path / "images")
     dest = tmp_path / "out.zip"
-    dest.write_bytes(b"the previous archive")
+    prepare(PrepareOptions(str(source), str(dest), 8, workers=1, progress=False))  # the previous archive
+    previous = dest.read_bytes()
     from pixelsmith.data import prepare as module
 
     calls = {"n": 0}
@@ -106,9 +107,11 @@ def test_a_crash_midway_leaves_no_half_written_archive_and_the_old_one_intact(tm
     monkeypatch.setattr(module, "process", dies_on_the_third)
     with pytest.raises(KeyboardInterrupt):
         prepare(PrepareOptions(str(source), str(dest), 16, workers=1, overwrite=True, progress=False))
-    assert dest.read_bytes() == b"the previous archive"
+    assert dest.read_bytes() == previous
     assert sorted(p.name for p in tmp_path.iterdir()) == ["images", "out.zip"]  # no .partial left
-    with pytest.raises(PrepareError, match="exists; remove it or set overwrite=true"):
+    with pytest.raises(
+        PrepareError, match="exists \\(an earlier output of prepare.py\\); set overwrite=true"
+    ):
         prepare(PrepareOptions(str(source), str(dest), 16, workers=1, progress=False))
 
 
@@ -431,3 +434,207 @@ def test_an_object_store_dest_is_refused_and_writes_no_folder_named_after_the_ur
     said = capsys.readouterr()
     assert message in said.err and "wrote" not in said.out
     assert list(work.iterdir()) == []  # no `s3:` folder (Path("s3://bucket/x") is s3:/bucket/x)
+
+
+# ---- archives read within limits --------------------------------------------------------------------------------
+def _zip_with_zeros(path: Path, megabytes: int) -> Path:
+    """Two small images and `00000/img00000002.png`: `megabytes` MiB of zeros, deflated as it is streamed (never
+    held in memory), so the archive is a fraction of a MB."""
+    with zipfile.ZipFile(path, "w", compression=zipfile.ZIP_DEFLATED, compresslevel=9) as archive:
+        archive.writestr("00000/img00000000.png", _png(10))
+        archive.writestr("00000/img00000001.png", _png(20))
+        zeros = bytes(1 << 20)
+        with archive.open("00000/img00000002.png", "w") as member:
+            for _ in range(megabytes):
+                member.write(zeros)
+    return path
+
+
+@pytest.fixture(scope="module")
+def bombs(tmp_path_factory) -> dict[str, Path]:
+    folder = tmp_path_factory.mktemp("bombs")
+    # 320 MiB in about 0.3 MB: over the size limit. 32 MiB: under it, at a ratio of about 1000:1.
+    return {
+        "large": _zip_with_zeros(folder / "large.zip", 320),
+        "ratio": _zip_with_zeros(folder / "ratio.zip", 32),
+    }
+
+
+@pytest.mark.parametrize(
+    ("kind", "words"), [("large", "declares 335,544,320 bytes unpacked, above the"), ("ratio", "a zip bomb")]
+)
+def test_a_zip_bomb_member_is_refused_before_any_byte_of_it_is_unpacked(bombs, monkeypatch, kind, words):
+    opened = []
+    real_open = zipfile.ZipFile.open
+
+    def spy(self, name, *args, **kwargs):
+        opened.append(getattr(name, "filename", name))
+        return real_open(self, name, *args, **kwargs)
+
+    monkeypatch.setattr(zipfile.ZipFile, "open", spy)
+    source = ArchiveSource(bombs[kind])
+    assert bombs[kind].stat().st_size < 1 << 20
+    with pytest.raises(ArchiveError, match=words) as refused:
+        source.read("00000/img00000002.png")
+    assert "\n" not in str(refused.value) and "00000/img00000002.png" in str(refused.value)
+    assert "00000/img00000002.png" not in opened  # refused from the zip's directory alone
+    assert source.read("00000/img00000000.png") == _png(10)  # the others read as before
+
+
+def test_prepare_skips_a_bomb_and_data_zip_leaves_it_out(bombs, tmp_path, capsys):
+    assert (
+        main([f"source={bombs['large']}", f"dest={tmp_path / 'o.zip'}", "resolution=8", "progress=false"])
+        == 0
+    )
+    said = capsys.readouterr().out
+    assert "wrote 2 images" in said and "skipped 1: 1 ArchiveError" in said and "img00000002.png" in said
+    with pytest.raises(ArchiveError, match=r"1 of 3 images .*img00000002.png \(ArchiveError: .*a zip bomb"):
+        ZipDataModule(str(bombs["ratio"]), resolution=8, on_corrupt="error", batch_size=2).setup()
+    module = ZipDataModule(str(bombs["large"]), resolution=8, batch_size=2)
+    module.setup()
+    assert len(module.train_set) == 2 and module.skipped_file_count == 1
+
+
+@pytest.mark.slow
+def test_prepare_on_a_zip_bomb_stays_within_memory_in_a_child_process(bombs, tmp_path):
+    """The peak resident memory of a child that prepares the 320 MiB bomb grows by far less than the member."""
+    script = (
+        "import resource, sys\n"
+        f"sys.path.insert(0, {str(Path(__file__).resolve().parents[1] / 'src')!r})\n"
+        "from pixelsmith.data.prepare import main\n"
+        "before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss\n"
+        f"code = main(['source={bombs['large']}', 'dest={tmp_path / 'o.zip'}', 'resolution=8', 'progress=false', "
+        "'workers=1'])\n"
+        "print(code, (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) // 1024)\n"
+    )
+    import subprocess
+    import sys
+
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+    code, growth_mb = result.stdout.split()[-2:]
+    assert code == "0", result.stderr[-2000:]
+    assert int(growth_mb) < 64, f"peak memory grew by {growth_mb} MB"
+
+
+def _forge_declared_size(path: Path, name: str, size: int) -> None:
+    """Rewrite `name`'s uncompressed size in the zip's local header and central directory."""
+    data = bytearray(path.read_bytes())
+    encoded = name.encode()
+    local = data.index(b"PK\x03\x04" + data[4:4])  # the first local header is the member's (one-member zip)
+    assert data[local + 30 : local + 30 + len(encoded)] == encoded
+    data[local + 22 : local + 26] = size.to_bytes(4, "little")
+    central = data.index(b"PK\x01\x02")
+    assert data[central + 46 : central + 46 + len(encoded)] == encoded
+    data[central + 24 : central + 28] = size.to_bytes(4, "little")
+    path.write_bytes(bytes(data))
+
+
+def test_a_member_that_unpacks_to_more_than_it_declares_is_read_no_further(tmp_path, monkeypatch):
+    path = tmp_path / "liar.zip"
+    with zipfile.ZipFile(path, "w", compression=zipfile.ZIP_DEFLATED) as archive:
+        archive.writestr("a.png", bytes(8 << 20))  # 8 MiB of zeros, declared below as 4000 bytes
+    _forge_declared_size(path, "a.png", 4000)
+    asked = []
+    real_read = zipfile.ZipExtFile.read
+
+    def spy(self, n=-1):
+        asked.append(n)
+        return real_read(self, n)
+
+    monkeypatch.setattr(zipfile.ZipExtFile, "read", spy)
+    with pytest.raises(ArchiveError, match=r"liar.zip!a.png does not unpack \(BadZipFile: Bad CRC-32"):
+        ArchiveSource(path).read("a.png")
+    assert asked == [4001]  # one bounded read: declared size + 1, never "everything"
+
+
+def test_a_member_packed_with_bzip2_is_refused_unread(tmp_path):
+    path = tmp_path / "bz.zip"
+    with zipfile.ZipFile(path, "w", compression=zipfile.ZIP_BZIP2) as archive:
+        archive.writestr("a.png", _png(1))
+    with pytest.raises(ArchiveError, match="compressed with method 12 .* stored or deflated only"):
+        ArchiveSource(path).read("a.png")
+
+
+def test_a_file_in_a_folder_archive_over_the_limit_is_refused(tmp_path, monkeypatch):
+    from pixelsmith.data import archive as archive_module
+
+    folder = tmp_path / "ds"
+    folder.mkdir()
+    (folder / "a.png").write_bytes(_png(1, size=64))
+    monkeypatch.setattr(archive_module, "MAX_MEMBER_BYTES", 100)
+    with pytest.raises(ArchiveError, match=r"ds/a.png is \d+ bytes, above the 100 bytes"):
+        ArchiveSource(folder).read("a.png")
+
+
+_DEEP = 100_000
+HOSTILE_LABELS = {
+    "labels as a dict": (
+        '{"labels": {"a.png": 0}}',
+        "its labels are a dict, not a list of [name, label] pairs",
+    ),
+    "100k nested lists": ('{"labels": ' + "[" * _DEEP + "]" * _DEEP + "}", "does not parse"),
+    "100k nested as a label": (
+        '{"labels": [["a.png", ' + "[" * _DEEP + "]" * _DEEP + "]]}",
+        "does not parse",
+    ),
+    "nested within the parser's depth": (
+        '{"labels": [["a.png", ' + "[" * 500 + "]" * 500 + "]]}",
+        "entry 0 ('a.png', list) has a label that is neither a class index (0..99999) nor a list of numbers",
+    ),
+    "a negative label": ('{"labels": [["a.png", -1]]}', "entry 0 ('a.png', -1) has a label that is neither"),
+    "a fractional label": ('{"labels": [["a.png", 1.5]]}', "('a.png', 1.5) has a label that is neither"),
+    "a string label": ('{"labels": [["a.png", "cat"]]}', "('a.png', str) has a label that is neither"),
+    "a boolean label": ('{"labels": [["a.png", true]]}', "('a.png', True) has a label that is neither"),
+    "a null label": ('{"labels": [["a.png", null]]}', "('a.png', None) has a label that is neither"),
+    "a label past the class limit": (
+        '{"labels": [["a.png", 1000000000]]}',
+        "('a.png', 1000000000) has a label",
+    ),
+    "a NaN in a vector": (
+        '{"labels": [["a.png", [1.0, NaN]]]}',
+        "('a.png', list) has a label that is neither",
+    ),
+    "an index and a vector": (
+        '{"labels": [["a.png", 0], ["b.png", [1.0]]]}',
+        "entry 1 ('b.png', list) has a label of another kind than the first entry's (a class index)",
+    ),
+    "vectors of two lengths": (
+        '{"labels": [["a.png", [1.0]], ["b.png", [1.0, 2.0]]]}',
+        "another kind than the first entry's (a list of 1 numbers)",
+    ),
+    "an entry that is no pair": (
+        '{"labels": [["a.png"]]}',
+        "entry 0 (a list of 1 items) is not a [name, label] pair",
+    ),
+    "a name that is no string": (
+        '{"labels": [[7, 0]]}',
+        "entry 0 (a list of 2 items) is not a [name, label] pair",
+    ),
+    "a list at the top": ('[["a.png", 0]]', "holds a JSON list, not NVlabs' object"),
+}
+
+
+@pytest.mark.parametrize("case", HOSTILE_LABELS, ids=list(HOSTILE_LABELS))
+def test_a_hostile_dataset_json_is_one_paragraph(tmp_path, capsys, case):
+    text, words = HOSTILE_LABELS[case]
+    archive = _zip_of(tmp_path / "x.zip", {"a.png": _png(1), "b.png": _png(2), "dataset.json": text.encode()})
+    with pytest.raises(ArchiveError) as refused:
+        ArchiveSource(archive)
+    message = str(refused.value)
+    assert words in message and "\n" not in message and "x.zip!dataset.json" in message, message
+    assert len(message) < 600  # the entry is described, never printed whole
+    # prepare.py reads a zip source's labels the same way: exit 2, one line, nothing written.
+    capsys.readouterr()
+    assert main([f"source={archive}", f"dest={tmp_path / 'o.zip'}", "resolution=8", "progress=false"]) == 2
+    said = capsys.readouterr()
+    assert words in said.err and said.err.count("\n") == 1 and "Traceback" not in said.err
+    assert not (tmp_path / "o.zip").exists()
+
+
+def test_a_list_source_refuses_a_negative_label(tmp_path, capsys):
+    image = tmp_path / "a.png"
+    image.write_bytes(_png(1, size=16))
+    (tmp_path / "list.txt").write_text(f"{image}\t-2\n")
+    args = [f"source={tmp_path / 'list.txt'}", f"dest={tmp_path / 'o.zip'}", "resolution=8", "progress=false"]
+    assert main(args) == 2
+    assert "list.txt:1: the label -2 is no class index" in capsys.readouterr().err

@@ -13,6 +13,15 @@ threads, and the verdicts are cached by (archive path, size, modification time);
 naming the members, `skip` warns once per member and leaves it out (counted in `data/skipped_files`). An archive
 that is not a zip, a `dataset.json` that does not parse or names members the archive lacks, and an archive without
 images each stop the run at set-up with one paragraph naming the file and the fix.
+
+An archive is data from anywhere, read within limits: a member's declared size (`MAX_MEMBER_BYTES`) and compression
+ratio (`MAX_RATIO`) are checked from the zip's directory before any byte of it is unpacked, only stored and deflated
+members are unpacked (bzip2 and LZMA would unpack a whole read block at once, whatever was asked for), and the read
+itself stops one byte past the declared size, so a member that lies about its size is refused too. A refused member
+is an unreadable one (skipped and named, or the run stops with `on_corrupt=error`). `dataset.json` (at most
+`MAX_LABELS_BYTES`) must be `{"labels": null}` or a list of `[member name, label]` pairs, every label a class index
+in 0..MAX_CLASSES-1 or every label a list of the same number of finite numbers; anything else stops the run at
+set-up in one paragraph.
 """
 
 from __future__ import annotations
@@ -21,8 +30,10 @@ import hashlib
 import io
 import json
 import logging
+import math
 import os
 import zipfile
+import zlib
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -42,6 +53,16 @@ log = logging.getLogger(__name__)
 
 IMAGE_EXTENSIONS = (".png", ".jpg", ".jpeg", ".webp")
 LABELS_FILE = "dataset.json"
+# Limits on a member before it is unpacked. A dataset image is a few MB at most (a 4096-px PNG); the loader checks
+# 16 members at a time, so the size limit also bounds the set-up check's memory. Image formats are compressed
+# already: a stored PNG or JPEG deflates by a few percent, so a ratio above MAX_RATIO on a member larger than
+# _RATIO_FREE_BYTES is a zip bomb, not an image.
+MAX_MEMBER_BYTES = 64 << 20
+MAX_RATIO = 100
+_RATIO_FREE_BYTES = 1 << 20
+MAX_LABELS_BYTES = 128 << 20  # ImageNet's 1.28 M labels take some 45 MB
+MAX_CLASSES = 100_000  # a class index, or a label vector's length, sizes a network's label input
+_UNPACKED_METHODS = frozenset({zipfile.ZIP_STORED, zipfile.ZIP_DEFLATED})
 
 
 class ArchiveError(PixelsmithError, ValueError):
@@ -89,10 +110,77 @@ class ArchiveSource:
             self._zip_pid = os.getpid()
         return self._zip
 
-    def read(self, name: str) -> bytes:
-        if self.is_zip:
-            return self._archive().read(name)
-        return (self.path / name).read_bytes()
+    def read(self, name: str, limit: int | None = None, image: bool = True) -> bytes:
+        """The bytes of member `name`, at most `limit` (MAX_MEMBER_BYTES) of them: ArchiveError for a member over the
+        limits (module docstring) or one that does not unpack. `image`: its compression ratio is checked too (text
+        such as dataset.json compresses far better than an image; its size limit bounds it)."""
+        limit = MAX_MEMBER_BYTES if limit is None else limit
+        if not self.is_zip:
+            file = self.path / name
+            if file.stat().st_size > limit:
+                raise self._over_limit(name, f"is {file.stat().st_size:,} bytes", limit)
+            with open(file, "rb") as handle:
+                data = handle.read(limit + 1)  # bounded, should it grow meanwhile
+            if len(data) > limit:
+                raise self._over_limit(name, "grew while it was read", limit)
+            return data
+        archive = self._archive()
+        try:
+            info = archive.getinfo(name)
+        except KeyError:
+            raise ArchiveError(f"{self.path}!{name}: no such member in the archive.") from None
+        self._check_member(info, limit, image)
+        try:
+            with archive.open(info) as member:
+                data = member.read(info.file_size + 1)
+        except (
+            zipfile.BadZipFile,
+            zlib.error,
+            EOFError,
+            NotImplementedError,
+            RuntimeError,
+            ValueError,
+        ) as err:
+            raise ArchiveError(
+                f"{self.path}!{name} does not unpack ({type(err).__name__}: {err}). Rebuild the archive (python "
+                "prepare.py skips and names unreadable images)."
+            ) from None
+        if len(data) != info.file_size:
+            raise ArchiveError(
+                f"{self.path}!{name} declares {info.file_size:,} bytes and unpacks to "
+                f"{'more' if len(data) > info.file_size else f'{len(data):,}'}: the archive is corrupt or forged. "
+                "Rebuild it (python prepare.py)."
+            )
+        return data
+
+    def _check_member(self, info: zipfile.ZipInfo, limit: int, image: bool) -> None:
+        """Refuse a member before any byte of it is unpacked: over the size limit, a ratio no image has, a method
+        not unpacked here, or encrypted."""
+        where = f"{self.path}!{info.filename}"
+        if info.compress_type not in _UNPACKED_METHODS:
+            raise ArchiveError(
+                f"{where} is compressed with method {info.compress_type} (bzip2, LZMA or another), and archives are "
+                "read stored or deflated only. Rebuild the archive with python prepare.py (or zip -Z store)."
+            )
+        if info.flag_bits & 0x1:
+            raise ArchiveError(
+                f"{where} is encrypted; archives are read unencrypted. Rebuild it without a password."
+            )
+        if info.file_size > limit:
+            raise self._over_limit(info.filename, f"declares {info.file_size:,} bytes unpacked", limit)
+        ratio = info.file_size / max(info.compress_size, 1)
+        if image and info.file_size > _RATIO_FREE_BYTES and ratio > MAX_RATIO:
+            raise ArchiveError(
+                f"{where} declares {info.file_size:,} bytes packed into {info.compress_size:,} (a ratio of "
+                f"{ratio:,.0f}:1, above the {MAX_RATIO}:1 no image reaches): a zip bomb, not an image. It is left "
+                "unread; rebuild the archive from the images themselves (python prepare.py)."
+            )
+
+    def _over_limit(self, name: str, what: str, limit: int) -> ArchiveError:
+        return ArchiveError(
+            f"{self.path}{'!' if self.is_zip else '/'}{name} {what}, above the {limit:,} bytes this reader takes "
+            "from one member; it is left unread. Resize the image, or remove it from the archive."
+        )
 
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)
@@ -111,15 +199,21 @@ class ArchiveSource:
             return None
         where = f"{self.path}{'!' if self.is_zip else '/'}{LABELS_FILE}"
         try:
-            table = json.loads(self.read(LABELS_FILE)).get("labels")
-        except (ValueError, AttributeError, UnicodeDecodeError) as err:
+            document = json.loads(self.read(LABELS_FILE, limit=MAX_LABELS_BYTES, image=False))
+        except (ValueError, UnicodeDecodeError, RecursionError) as err:  # RecursionError: nesting too deep
             raise ArchiveError(
-                f"{where} does not parse as NVlabs' dataset.json ({err}): it should read "
-                '{"labels": [["00000/img00000000.png", 6], ...]} or {"labels": null}. Fix or remove it.'
+                f"{where} does not parse as NVlabs' dataset.json ({type(err).__name__}: {str(err)[:200]}): it should "
+                'read {"labels": [["00000/img00000000.png", 6], ...]} or {"labels": null}. Fix or remove it.'
             ) from None
+        if not isinstance(document, dict):
+            raise ArchiveError(
+                f"{where} holds a JSON {type(document).__name__}, not NVlabs' object: it should read "
+                '{"labels": [["00000/img00000000.png", 6], ...]} or {"labels": null}. Fix or remove it.'
+            )
+        table = document.get("labels")
         if table is None:
             return None
-        labels = {str(name).replace("\\", "/"): value for name, value in table}
+        labels = check_label_table(table, where)
         missing = [n for n in self.names if n not in labels]
         if missing:
             raise ArchiveError(
@@ -147,6 +241,66 @@ class ArchiveSource:
         if all(isinstance(v, int) for v in values):
             return torch.tensor(values, dtype=torch.int64)
         return torch.tensor(values, dtype=torch.float32)
+
+
+def _label_kind(value: Any) -> int | None:
+    """-1 for a class index, the length for a label vector, None for anything else."""
+    if type(value) is int:  # not bool: true is no class
+        return -1 if 0 <= value < MAX_CLASSES else None
+    if isinstance(value, list) and 0 < len(value) <= MAX_CLASSES:
+        numbers = all(type(v) in (int, float) and math.isfinite(v) for v in value)
+        return len(value) if numbers else None
+    return None
+
+
+def check_label_table(table: Any, where: str) -> dict[str, Any]:
+    """dataset.json's labels as {member name: label}: a list of [name, label] pairs whose labels are all class
+    indices (0..MAX_CLASSES-1) or all vectors of one length; one paragraph naming the first bad entry otherwise.
+    Looks two levels deep, never further: the nesting of a hostile file costs nothing here."""
+    fix = (
+        'It should read {"labels": [["00000/img00000000.png", 6], ...]} (class indices from 0, or lists of numbers '
+        'of one length) or {"labels": null}. Fix or remove it.'
+    )
+    if not isinstance(table, list):
+        raise ArchiveError(
+            f"{where}: its labels are a {type(table).__name__}, not a list of [name, label] pairs. {fix}"
+        )
+    labels: dict[str, Any] = {}
+    first_kind: int | None = None
+    for number, entry in enumerate(table):
+        pair = isinstance(entry, list) and len(entry) == 2 and isinstance(entry[0], str)
+        kind = _label_kind(entry[1]) if pair else None
+        if kind is None or (first_kind is not None and kind != first_kind):
+            why = (
+                "is not a [name, label] pair"
+                if not pair
+                else f"has a label of another kind than the first entry's ({_kind_words(first_kind)})"
+                if kind is not None
+                else f"has a label that is neither a class index (0..{MAX_CLASSES - 1}) nor a list of numbers"
+            )
+            raise ArchiveError(f"{where}: entry {number} ({_describe(entry)}) {why}. {fix}")
+        first_kind = kind
+        labels[entry[0].replace("\\", "/")] = entry[1]
+    return labels
+
+
+def _describe(entry: Any) -> str:
+    """A short, non-recursive description of a dataset.json entry (a hostile one may nest 100,000 deep)."""
+    if not isinstance(entry, list):
+        return f"a JSON {type(entry).__name__}"
+    if len(entry) != 2 or not isinstance(entry[0], str):
+        return f"a list of {len(entry)} items"
+    label = entry[1]
+    shown = (
+        repr(label)
+        if type(label) in (int, float, bool, type(None)) and len(str(label)) < 30
+        else type(label).__name__
+    )
+    return f"{entry[0][:80]!r}, {shown}"
+
+
+def _kind_words(kind: int | None) -> str:
+    return "a class index" if kind == -1 else f"a list of {kind} numbers"
 
 
 def check_members(

@@ -13,7 +13,11 @@ Unreadable images are skipped and named in the summary.
 
 The output is deterministic (sorted inputs, fixed zip timestamps, the same encoder settings), so running twice gives
 the same bytes; it is written beside the destination under a temporary name and renamed into place at the end, so a
-crash or Ctrl-C leaves no half-written archive (and an existing destination is replaced only with `overwrite=true`).
+crash or Ctrl-C leaves no half-written archive. An existing destination is replaced only with `overwrite=true`, and
+only when it is an earlier output of prepare.py (the mark it writes: the zip's comment, or `written_by` in the shards'
+`pixelsmith.json`, and nothing else inside): a folder of images, the working directory or another program's file
+is never removed, and a destination that is, lies inside, or (when replaced) holds the source is refused
+(`pixelsmith.owned_outputs`).
 Zip: NVlabs' member names (`00000/img00000000.png`) and `dataset.json`; `data=zip data.path=...` reads it.
 Shards: `litdata.optimize` chunks (`pip install -e ".[stream]"`); `data=shards data.path=...` streams them.
 """
@@ -25,7 +29,7 @@ import hashlib
 import io
 import json
 import os
-import shutil
+import re
 import sys
 import zipfile
 from collections import Counter
@@ -37,9 +41,16 @@ from typing import Any
 from PIL import Image, ImageColor, ImageOps, UnidentifiedImageError
 
 from pixelsmith.config.argv_options import parse_key_values
-from pixelsmith.data.archive import IMAGE_EXTENSIONS, LABELS_FILE, ArchiveError, ArchiveSource
+from pixelsmith.data.archive import (
+    IMAGE_EXTENSIONS,
+    LABELS_FILE,
+    MAX_CLASSES,
+    ArchiveError,
+    ArchiveSource,
+)
 from pixelsmith.data.image_folder import check_not_too_small, to_8bit
 from pixelsmith.errors import PixelsmithError, UnwritableError, check_writable_folder, why_unwritable
+from pixelsmith.owned_outputs import new_beside, overlap, remove_new, replace_with, zip_listing
 
 TRANSFORMS = ("center-crop", "center-crop-wide", "pad", "none")
 FILTERS = {
@@ -53,6 +64,12 @@ HIGH_BIT_DEPTH = ("scale", "stretch")
 FORMATS = ("auto", "zip", "shards")
 ENCODINGS = ("png", "jpeg")
 _ZIP_TIME = (1980, 1, 1, 0, 0, 0)  # the earliest a zip can store: no build time leaks into the bytes
+# The mark on what prepare.py writes (a zip's comment; `written_by` in a shards folder's pixelsmith.json), and the
+# names it writes there: overwrite=true replaces only an output that carries the mark and holds nothing else.
+MARK = "pixelsmith prepare.py"
+_ZIP_MEMBER = re.compile(r"\d{5}/img\d{8}\.(png|jpg)")
+_SHARD_FILE = re.compile(r"chunk-\d+-\d+\.bin|index\.json|pixelsmith\.json")
+_MAX_META_BYTES = 1 << 16
 
 
 class PrepareError(PixelsmithError, ValueError):
@@ -108,10 +125,10 @@ Options (key=value, defaults in brackets):
   format          auto | zip | shards: auto picks zip for a dest ending in .zip, shards otherwise [auto]
   encoding        png | jpeg: how each image is stored (jpeg: smaller, lossy, decodable on the GPU) [png]
   jpeg_quality    1-100 with encoding=jpeg [95]
-  max_images      stop after this many inputs (sorted order) [all]
+  max_images      stop after this many inputs (sorted order), at least 1 [all]
   chunk_mb        shard chunk size with format=shards [64]
   workers         decode processes, or auto (the cores) [auto]
-  overwrite       true: replace an existing dest [false]
+  overwrite       true: replace an existing dest that an earlier prepare.py run wrote (nothing else) [false]
   progress        true | false: a progress bar [true]
 """
 
@@ -186,6 +203,11 @@ def _list_file(path: Path, labels: str) -> list[Item]:
                 value = int(label)
             except ValueError:
                 raise PrepareError(f"{path}:{number}: the label {label!r} is not an integer.") from None
+            if not 0 <= value < MAX_CLASSES:
+                raise PrepareError(
+                    f"{path}:{number}: the label {value} is no class index: labels are 0, 1, 2, ... (below "
+                    f"{MAX_CLASSES}). Number the classes from 0, or drop the labels (labels=none)."
+                )
         items.append(Item(file.strip(), file.strip(), label=value))
     if not items:
         raise PrepareError(
@@ -243,7 +265,7 @@ def process(item: Item, options: PrepareOptions) -> tuple[bytes | None, str]:
     """(encoded image, "") or (None, why it was skipped)."""
     try:
         data = item.read()
-    except OSError as err:
+    except (OSError, ArchiveError) as err:  # unreadable, or an archive member over the reader's limits
         return None, f"{type(err).__name__}: {err}"[:200]
     return process_data(data, options)
 
@@ -322,7 +344,7 @@ def _results(items: list[Item], options: PrepareOptions):
 def _read_or_reason(item: Item) -> bytes | str:
     try:
         return item.read()
-    except OSError as err:
+    except (OSError, ArchiveError) as err:
         return f"{type(err).__name__}: {err}"[:200]
 
 
@@ -366,6 +388,7 @@ def write_zip(items: list[Item], options: PrepareOptions, partial: Path) -> Summ
         has_labels = summary.written and all(label is not None for _, label in labels)
         table = {"labels": labels if has_labels else None}
         archive.writestr(zipfile.ZipInfo(LABELS_FILE, date_time=_ZIP_TIME), json.dumps(table))
+        archive.comment = MARK.encode()
     return summary
 
 
@@ -379,7 +402,6 @@ def write_shards(items: list[Item], options: PrepareOptions, partial: Path) -> S
             'format=shards writes litdata shards: pip install -e ".[stream]" (litdata), or use format=zip.'
         ) from None
     summary = Summary()
-    partial.mkdir(parents=True)
     writer = BinaryWriter(str(partial), chunk_bytes=options.chunk_mb * 1_000_000)
     with _progress(len(items), options.progress) as bar:
         for item, data in _accepted(items, options, summary, bar):
@@ -400,6 +422,7 @@ def write_shards(items: list[Item], options: PrepareOptions, partial: Path) -> S
     (partial / "pixelsmith.json").write_text(
         json.dumps(
             {
+                "written_by": MARK,
                 "resolution": options.resolution,
                 "channels": options.channels,
                 "encoding": options.encoding,
@@ -459,6 +482,20 @@ def check_options(options: PrepareOptions) -> str:
         ) from None
     if not 1 <= options.jpeg_quality <= 100:
         raise PrepareError(f"jpeg_quality={options.jpeg_quality} must be in 1..100.")
+    if options.max_images is not None and options.max_images < 1:
+        raise PrepareError(
+            f"max_images={options.max_images} would take no image: give how many inputs to take (at least 1), or "
+            "leave max_images out to take them all."
+        )
+    if options.chunk_mb < 1:
+        raise PrepareError(
+            f"chunk_mb={options.chunk_mb}: give the shard chunk size in MB, at least 1 (e.g. 64)."
+        )
+    if str(options.workers) != "auto" and not (isinstance(options.workers, int) and options.workers >= 1):
+        raise PrepareError(
+            f"workers={options.workers}: give the number of decode processes (at least 1), or workers=auto for one "
+            "per core."
+        )
     fmt = options.format
     if fmt == "auto":
         fmt = "zip" if options.dest.lower().endswith(".zip") else "shards"
@@ -490,12 +527,89 @@ def check_local_dest(dest: str, fmt: str) -> None:
     )
 
 
+def not_an_earlier_output(dest: Path, fmt: str) -> str | None:
+    """Why `dest` is not an earlier `format=fmt` output of prepare.py; None when it is one (carries MARK and holds
+    only what prepare.py writes), which overwrite=true may replace."""
+    if dest.is_symlink():
+        return f"it is a symbolic link (to {os.path.realpath(dest)})"
+    if fmt == "zip":
+        if dest.is_dir():
+            return "it is a folder, and a zip never replaces a folder"
+        listing = zip_listing(dest)
+        if listing is None or listing[0] != MARK.encode():
+            return "it is not a zip that prepare.py wrote (its comment carries no prepare.py mark)"
+        stray = next((n for n in listing[1] if n != LABELS_FILE and not _ZIP_MEMBER.fullmatch(n)), None)
+        return None if stray is None else f"it holds {stray!r}, which prepare.py does not write"
+    if not dest.is_dir():
+        return "it is not a folder, and shards (a folder) never replace a file"
+    meta = dest / "pixelsmith.json"
+    try:
+        if meta.is_symlink() or meta.stat().st_size > _MAX_META_BYTES:
+            raise ValueError("not prepare.py's pixelsmith.json")
+        written_by = json.loads(meta.read_text())["written_by"]
+    except (OSError, ValueError, TypeError, KeyError, RecursionError):
+        written_by = None
+    if written_by != MARK:
+        return "it is not a folder of shards that prepare.py wrote (no pixelsmith.json naming prepare.py)"
+    with os.scandir(dest) as entries:
+        for entry in entries:
+            if not (_SHARD_FILE.fullmatch(entry.name) and entry.is_file(follow_symlinks=False)):
+                return f"it holds {entry.name!r}, which prepare.py does not write"
+    return None
+
+
+def _refuse_to_replace(options: PrepareOptions, why_not: str) -> PrepareError:
+    return PrepareError(
+        f"dest={options.dest} exists and is not an earlier output of prepare.py: {why_not}. prepare.py replaces "
+        "only what it wrote (with overwrite=true), so nothing was written or removed. Choose another dest=..., or "
+        "move that one away yourself if you mean to replace it."
+    )
+
+
+def check_dest(options: PrepareOptions, fmt: str, dest: Path) -> None:
+    """Before any input is read: refuse a dest that overlaps the source, and an existing dest that overwrite=true
+    may not replace (or that it was not given)."""
+    source = Path(options.source).expanduser()
+    exists = os.path.lexists(dest)
+    clash = overlap(dest, options.dest, [(f"source={options.source}", source)], exists and options.overwrite)
+    if clash:
+        beside = Path(os.path.realpath(source))
+        stem = beside.stem if beside.is_file() else beside.name
+        suggestion = beside.with_name(f"{stem}-{options.resolution}px{'.zip' if fmt == 'zip' else ''}")
+        raise PrepareError(
+            f"{clash}: prepare.py never writes over what it reads, so nothing was written or removed. Write the "
+            f"dataset outside the source, e.g. dest={suggestion}."
+        )
+    if not exists:
+        return
+    why_not = not_an_earlier_output(dest, fmt)
+    if why_not is not None:
+        raise _refuse_to_replace(options, why_not)
+    if not options.overwrite:
+        raise PrepareError(
+            f"dest={options.dest} exists (an earlier output of prepare.py); set overwrite=true to replace it (the "
+            "old one is removed only once the new one is whole), or choose another dest=..."
+        )
+
+
+def check_listed_inputs(options: PrepareOptions, dest: Path, items: list[Item]) -> None:
+    """A .txt source names its images one by one: none may be the dest, or lie inside a dest being replaced."""
+    if not os.path.lexists(dest) or not options.source.lower().endswith(".txt"):
+        return  # a dest that does not exist is no listed image, and replaces nothing
+    listed = [(f"{item.path} (listed in source={options.source})", Path(item.path)) for item in items]
+    clash = overlap(dest, options.dest, listed, options.overwrite)
+    if clash:
+        raise PrepareError(
+            f"{clash}: prepare.py never writes over what it reads, so nothing was written or removed. Choose a "
+            "dest outside the listed images' folders."
+        )
+
+
 def prepare(options: PrepareOptions) -> tuple[Summary, Path, list[str] | None]:
     """Build the dataset; returns the summary, the destination and the class names (subfolder labels)."""
     fmt = check_options(options)
     dest = Path(options.dest).expanduser()
-    if dest.exists() and not options.overwrite:
-        raise PrepareError(f"dest={str(dest)!r} exists; remove it or set overwrite=true to replace it.")
+    check_dest(options, fmt, dest)
     # Before any image is read: the dataset is written beside dest under a temporary name, then renamed.
     check_writable_folder(
         dest.parent,
@@ -507,10 +621,11 @@ def prepare(options: PrepareOptions) -> tuple[Summary, Path, list[str] | None]:
         items, classes = list_inputs(options.source, options.labels)
     except ArchiveError as err:
         raise PrepareError(str(err)) from None
-    if options.max_images:
+    check_listed_inputs(options, dest, items)
+    if options.max_images is not None:
         items = items[: options.max_images]
     dest.parent.mkdir(parents=True, exist_ok=True)
-    partial = dest.with_name(f".{dest.name}.{os.getpid()}.partial")
+    partial = new_beside(dest, folder=fmt == "shards")
     try:
         try:
             summary = (write_zip if fmt == "zip" else write_shards)(items, options, partial)
@@ -526,12 +641,18 @@ def prepare(options: PrepareOptions) -> tuple[Summary, Path, list[str] | None]:
                 if summary.skipped
                 else "No inputs."
             )
-        if dest.exists():  # overwrite=true: the old one goes only once the new one is whole
-            shutil.rmtree(dest) if dest.is_dir() else dest.unlink()
-        os.replace(partial, dest)
+        # Checked again: the dest may have changed while the images were prepared.
+        if os.path.lexists(dest) and (why_not := not_an_earlier_output(dest, fmt)) is not None:
+            raise _refuse_to_replace(options, why_not)
+        try:
+            replace_with(partial, dest)  # an old output goes only once the new one is whole
+        except OSError as err:
+            raise UnwritableError(
+                f"dest={dest}: putting the new dataset in place failed, {why_unwritable(err)} ({err}). Any earlier "
+                "output there is kept as it was, and the new one is removed. Fix that and run it again."
+            ) from err
     finally:
-        if partial.exists():
-            shutil.rmtree(partial, ignore_errors=True) if partial.is_dir() else partial.unlink()
+        remove_new(partial)
     return summary, dest, classes
 
 

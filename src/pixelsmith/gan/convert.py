@@ -5,17 +5,23 @@ Pixelsmith's StyleGAN2 at the pickle's widths and written as the checkpoint a tr
 with the run config of `experiment=stylegan2_finetune` at those settings. `evaluate.py ckpt_path=OUT.ckpt`,
 `generate.py ckpt_path=OUT.ckpt` and `train.py experiment=stylegan2_finetune model.init_from=OUT.ckpt` take it
 (each also takes the .pkl itself). Bad input stops in one paragraph with exit 2 and writes nothing.
+
+`dest` is checked before the pickle is read: a folder, a symbolic link, the source itself, or a place that cannot be
+written is refused; an existing file is replaced (`overwrite=true`) only when it is a checkpoint convert.py wrote,
+recognised by the mark in its zip comment (`pixelsmith.owned_outputs`).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
 
 from pixelsmith.config.argv_options import parse_key_values
-from pixelsmith.errors import PixelsmithError
+from pixelsmith.errors import PixelsmithError, UnwritableError, check_writable_folder, why_unwritable
+from pixelsmith.owned_outputs import is_within, zip_listing
 
 HELP = (
     __doc__
@@ -23,13 +29,49 @@ HELP = (
 Options (key=value):
   source=PATH   an NVlabs network pickle (stylegan2-ada-pytorch, or stylegan3 --cfg=stylegan2)
   dest=PATH     the checkpoint to write (.ckpt); refused if it exists unless overwrite=true
-  overwrite=BOOL
+  overwrite=BOOL  true: replace a dest that convert.py wrote before (never another file, never a folder)
 """
 )
 
 
 class ConvertError(PixelsmithError):
     """Bad options for convert.py; the message says what to give instead."""
+
+
+# The comment on the zip torch.save writes: what overwrite=true recognises as convert.py's own output.
+MARK = b"pixelsmith convert.py"
+
+
+def check_dest(source: str, dest: str, out: Path, overwrite: bool) -> None:
+    """Before the pickle is read: refuse a dest that is the source, a folder, a link, another program's file (or
+    any existing file without overwrite=true), or a place this process cannot write."""
+    if out.suffix.lower() == ".pkl":
+        raise ConvertError(f"dest={out}: Pixelsmith checkpoints are torch files, name it .ckpt.")
+    if os.path.lexists(Path(source).expanduser()) and is_within(out, Path(source).expanduser()):
+        raise ConvertError(
+            f"dest={dest} is the source pickle itself: convert.py never writes over its input. Give another "
+            f"path, e.g. dest={Path(source).expanduser().with_suffix('.ckpt')}."
+        )
+    if out.is_dir() and not out.is_symlink():
+        raise ConvertError(
+            f"dest={dest} is a folder: give the checkpoint's file name, e.g. dest={out / 'converted.ckpt'}. "
+            "convert.py never replaces a folder."
+        )
+    if os.path.lexists(out):
+        listing = None if out.is_symlink() else zip_listing(out)
+        ours = listing is not None and listing[0] == MARK
+        if not ours:
+            what = "a symbolic link" if out.is_symlink() else "not a checkpoint convert.py wrote"
+            raise ConvertError(
+                f"dest={dest} exists and is {what}: convert.py replaces only its own earlier output (with "
+                "overwrite=true), so nothing was written. Give another path, or move that file away yourself."
+            )
+        if not overwrite:
+            raise ConvertError(
+                f"dest={dest} exists (a checkpoint convert.py wrote): give another path, or overwrite=true to "
+                "replace it."
+            )
+    check_writable_folder(out.parent, "dest", "choose a .ckpt path on a disk you can write (dest=...).", dest)
 
 
 @dataclasses.dataclass
@@ -44,12 +86,17 @@ def convert(source: str, dest: str, overwrite: bool = False) -> list[str]:
     from pixelsmith.gan.pretrained import checkpoint_from_pickle, save_atomically
 
     out = Path(dest).expanduser()
-    if out.exists() and not overwrite:
-        raise ConvertError(f"dest={out} exists: give another path, or overwrite=true to replace it.")
-    if out.suffix.lower() == ".pkl":
-        raise ConvertError(f"dest={out}: Pixelsmith checkpoints are torch files, name it .ckpt.")
+    check_dest(source, dest, out, overwrite)
     checkpoint, converted = checkpoint_from_pickle(source, key="source")
-    save_atomically(checkpoint, out)
+    if os.path.lexists(out):  # checked again: it may have changed while the pickle was converted
+        check_dest(source, dest, out, overwrite)
+    try:
+        save_atomically(checkpoint, out, zip_comment=MARK)
+    except OSError as err:
+        raise UnwritableError(
+            f"dest={dest}: writing the checkpoint failed, {why_unwritable(err)} ({err}). Nothing was left behind. "
+            "Free space there or choose another dest=..., and run it again."
+        ) from err
     settings = " ".join(checkpoint["converted_from"]["overrides"])
     return [
         f"{source}: StyleGAN2, {converted.generator['resolution']} px, {converted.generator['channels']} channels, "

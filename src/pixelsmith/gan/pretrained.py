@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import os
 import tempfile
+import zipfile
 from pathlib import Path
 from typing import Any
 
@@ -166,13 +167,17 @@ def read_checkpoint_pickle(path: str) -> dict:
     return checkpoint_from_pickle(path, key="ckpt_path")[0]
 
 
-def save_atomically(obj: Any, dest: Path) -> None:
-    """torch.save to a temporary file beside `dest`, then rename: a failure leaves nothing half-written."""
+def save_atomically(obj: Any, dest: Path, zip_comment: bytes = b"") -> None:
+    """torch.save to a temporary file beside `dest`, then rename: a failure leaves nothing half-written.
+    `zip_comment` marks the file as its writer's (torch writes a zip; its loader ignores the comment)."""
     dest.parent.mkdir(parents=True, exist_ok=True)
     handle, tmp = tempfile.mkstemp(prefix=f".{dest.name}.", dir=dest.parent)
     os.close(handle)
     try:
         torch.save(obj, tmp)
+        if zip_comment:
+            with zipfile.ZipFile(tmp, "a") as archive:
+                archive.comment = zip_comment
         mask = os.umask(0)
         os.umask(mask)
         os.chmod(tmp, 0o666 & ~mask)  # mkstemp's 0600 would make the checkpoint private
