@@ -405,9 +405,8 @@ def stage_tests(args, env: Environment, report: StageReport, deadline: Deadline)
         result, status = f"timed out after {outcome.seconds:.0f} s; before that: {counts}", "timeout"
     elif summary.counts.get("failed") or summary.counts.get("errors"):
         result, status = counts, "fail"
-    elif (
-        outcome.returncode == 5
-    ):  # pytest's "no tests collected": a selection that names nothing checks nothing
+    elif outcome.returncode == 5:
+        # pytest's "no tests collected": a selection that names nothing checks nothing.
         result = (
             f"no test was selected: `{shlex.join(selection)}` matched none (pytest exit 5; {counts}); check the "
             "-m / -k expression and the paths in --pytest-args"
