@@ -68,7 +68,7 @@ from benchmarks.harness import (
     window_edges,
 )
 from pixelsmith.core.config import PRECISIONS, OptimizerImpl
-from pixelsmith.errors import PixelsmithError, check_writable_folder
+from pixelsmith.errors import PixelsmithError, UnwritableError, check_writable_folder, why_unwritable
 
 RESULT_PREFIX = "PIXELSMITH_BENCH_RESULT "
 
@@ -700,6 +700,12 @@ def _write_whole(out: Path, writers: dict[str, Any]) -> None:
             write(partial[name])
         for name in writers:
             os.replace(partial[name], out / name)
+    except OSError as err:
+        raise UnwritableError(
+            f"The report in {out} could not be written: {why_unwritable(err)} ({err.strerror or err}). The "
+            "previous one is kept as it was. Fix: free space there (or make it writable) and rebuild it with "
+            "--report-from."
+        ) from err
     finally:
         for path in partial.values():
             path.unlink(missing_ok=True)

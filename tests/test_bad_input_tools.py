@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import importlib
 import json
+import subprocess
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -347,6 +348,35 @@ CASES = [
 ]
 
 
+# Where each tool's work starts: a case that is not refused stops there at once (instead of training for minutes)
+# and counts as a failure.
+WORK = {
+    "bench": ("run_matrix",),
+    "gpu_check": ("probe_environment",),
+    "style_bench": ("run_bench",),
+    "overhead": ("measure",),
+    "op_counts": ("measure",),
+    "quality": ("run_rows",),
+    "sg2_reference": ("our_pair",),
+    "loader_bench": ("write_sources", "step_images_per_second"),
+}
+
+
+class NotRefused(Exception):
+    """A bad command line reached the tool's work."""
+
+
+def _stop_at_the_work(monkeypatch) -> None:
+    for tool, names in WORK.items():
+        module = importlib.import_module(TOOLS[tool])
+        for name in names:
+
+            def reached(*args, _where=f"{tool} reached {name}", **kwargs):
+                raise NotRefused(_where)
+
+            monkeypatch.setattr(module, name, reached)
+
+
 @pytest.fixture
 def cpu_machine(monkeypatch):
     """Every case on a machine without a GPU, whatever runs the tests."""
@@ -379,6 +409,7 @@ def _refusal(case: Case, scratch: Path, capsys, monkeypatch) -> str:
 def test_every_bad_command_line_of_the_benchmark_tools_is_refused_cleanly(
     tmp_path, capsys, monkeypatch, cpu_machine
 ):
+    _stop_at_the_work(monkeypatch)
     refused, failures = Counter(), []
     for number, case in enumerate(CASES):
         scratch = tmp_path / f"case{number}"
@@ -468,3 +499,48 @@ def test_a_pytest_selection_that_selects_nothing_is_a_failed_tests_stage(tmp_pat
     )
     assert "pytest exit 5" in row["result"] and "4 deselected" in row["result"]
     assert "| pytest |" in capsys.readouterr().out
+
+
+def test_a_bench_whose_runs_failed_exits_1_naming_the_cells(tmp_path, monkeypatch, capsys, cpu_machine):
+    """A matrix that passed the start-up checks but whose runs failed (a model's own refusal in the child, a crash)
+    leaves rows of n/a: bench.py says which cells and exits 1, never 0."""
+    from benchmarks import gan_bench
+    from pixelsmith.perf.flops import cpu_peak_flops
+
+    monkeypatch.setenv("PIXELSMITH_CACHE_DIR", str(tmp_path / "cache"))
+    cpu_peak_flops("fp32", measure=lambda dtype: 50e9)  # cached: the matrix measures no peak
+
+    def refusing_child(command, **kwargs):  # each run's process refuses, as a model's own check would
+        return subprocess.CompletedProcess(command, 2, "", "error: refused in the child\n")
+
+    monkeypatch.setattr(gan_bench.subprocess, "run", refusing_child)
+    argv = ["--precisions", "32-true", "--repeats", "1", "--no-breakdown", "--out", str(tmp_path / "bench")]
+    assert gan_bench.main(argv) == 1
+    said = capsys.readouterr().err
+    assert "runs failed in 1 cell(s): dcgan b64 32-true contiguous eager fused-adam (2)" in said
+    assert "Errors" in said and "refused in the child" in (tmp_path / "bench" / "bench.md").read_text()
+
+
+def test_a_report_rebuild_that_cannot_write_keeps_the_previous_report_whole(
+    tmp_path, monkeypatch, cpu_machine
+):
+    """A disk that fills while --report-from writes: one paragraph, and the report that was there stays as it was,
+    with no partial file beside it (each file is written aside and moved into place once all are written)."""
+    from benchmarks import gan_bench
+    from pixelsmith.errors import UnwritableError
+    from pixelsmith.perf.flops import cpu_peak_flops
+
+    monkeypatch.setenv("PIXELSMITH_CACHE_DIR", str(tmp_path / "cache"))
+    cpu_peak_flops("fp32", measure=lambda dtype: 50e9)
+    run = _bench_run_dir(tmp_path, "dcgan_b64_32-true_contiguous_eager_fused-adam")
+    before = _tree(run)
+
+    def disk_full(path, report):
+        path.write_bytes(b"half a pn")
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(gan_bench, "bench_png", disk_full)
+    args = gan_bench.parse_args(["--report-from", str(run), "--precisions", "32-true"])
+    with pytest.raises(UnwritableError, match="the disk is full.*previous one is kept"):
+        gan_bench.write_report(gan_bench.check_report_from(args), args, None, None)
+    assert _tree(run) == before
