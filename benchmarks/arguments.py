@@ -86,7 +86,6 @@ def amount(unit: str, minimum: float = 0.0) -> Callable[[str], float]:
             raise argparse.ArgumentTypeError(f"{text} {unit} is too little: give {floor} {unit}")
         return value
 
-    parse.__name__ = unit.replace(" ", "_")
     return parse
 
 

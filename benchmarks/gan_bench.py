@@ -422,9 +422,8 @@ def check_matrix(args: argparse.Namespace) -> None:
     cells, _, _ = cells_to_run(args)
     check_hardware_here(args.hardware)
     composed: set[tuple[str, str, int]] = set()
-    data: set[tuple[str, str]] = (
-        set()
-    )  # what the runs read: an image folder's root, an archive's or shards' path
+    # What the runs read (an image folder's root, an archive's or shards' path): no output goes inside it.
+    data: set[tuple[str, str]] = set()
     for cell in cells:
         if (cell.model, cell.precision, cell.batch_size) in composed:
             continue
