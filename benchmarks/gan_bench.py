@@ -41,6 +41,21 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+from benchmarks.arguments import (
+    CommandLineError,
+    Parser,
+    check_hardware_here,
+    check_output_folder,
+    composition_error,
+    conf_names,
+    count,
+    gan_models,
+    one_of,
+    power_of_two,
+    refusals_exit_2,
+    seconds,
+    true_or_false,
+)
 from benchmarks.child import child_env
 from benchmarks.harness import (
     CLOCK_TARGET,
@@ -52,7 +67,8 @@ from benchmarks.harness import (
     require_every_iteration,
     window_edges,
 )
-from pixelsmith.errors import PixelsmithError
+from pixelsmith.core.config import PRECISIONS, OptimizerImpl
+from pixelsmith.errors import PixelsmithError, UnwritableError, check_writable_folder, why_unwritable
 
 RESULT_PREFIX = "PIXELSMITH_BENCH_RESULT "
 
@@ -378,16 +394,106 @@ def runnable_cells(args: argparse.Namespace) -> tuple[list[Cell], list[Cell], st
     return [c for c in cells if c.precision != "bf16-mixed"], emulated, reason
 
 
-def run_matrix(args: argparse.Namespace) -> dict[str, Any]:
+def cells_to_run(args: argparse.Namespace) -> tuple[list[Cell], list[Cell], str | None]:
+    """`runnable_cells`, refused when none is left to run."""
     cells, skipped, reason = runnable_cells(args)
+    if not cells:
+        raise CommandLineError(
+            "Every cell of this matrix is bf16-mixed, and this CPU can only emulate bf16. Nothing was run. Fix: add "
+            "--precisions 32-true, or pass --emulated-bf16 to time the emulation."
+        )
+    return cells, skipped, reason
+
+
+def check_matrix(args: argparse.Namespace) -> None:
+    """Refuse, before any run, what would make runs fail and leave rows of n/a: a hardware profile this machine
+    cannot run, a cell whose config does not compose or that the run's own checks (`validate_config`, the precision
+    on this device) would refuse, and an output folder that cannot be written or overlaps the data the runs read.
+    One composition per model, precision and batch size: the other axes are names the parser checked. Without
+    --out, sets the default (outputs/bench/<timestamp>), so the folder checked is the one written."""
+    import tempfile
+
+    from hydra.errors import HydraException
+    from omegaconf.errors import OmegaConfBaseException
+
+    from pixelsmith.config.validate import validate_config
+    from pixelsmith.run.build import resolve_hardware
+
+    cells, _, _ = cells_to_run(args)
+    check_hardware_here(args.hardware)
+    composed: set[tuple[str, str, int]] = set()
+    # What the runs read (an image folder's root, an archive's or shards' path): no output goes inside it.
+    data: set[tuple[str, str]] = set()
+    for cell in cells:
+        if (cell.model, cell.precision, cell.batch_size) in composed:
+            continue
+        composed.add((cell.model, cell.precision, cell.batch_size))
+        try:
+            with tempfile.TemporaryDirectory() as scratch:
+                cfg = compose(cell_overrides(cell, _base_settings(args)), Path(scratch))
+            validate_config(cfg)
+            resolve_hardware(cfg)
+        except (HydraException, OmegaConfBaseException) as err:
+            raise CommandLineError(
+                f"The runs of cell {cell.name} do not compose: {composition_error(err)}. Nothing was run. Fix the "
+                "value it names (an option of the matrix or a --override)."
+            ) from err
+        except PixelsmithError as err:
+            raise CommandLineError(
+                f"The runs of cell {cell.name} would be refused: {err} Nothing was run."
+            ) from err
+        data |= {
+            (f"the runs' data.{key}", str(cfg.data[key])) for key in ("root", "path") if cfg.data.get(key)
+        }
+    args.out = args.out or str(Path("outputs") / "bench" / datetime.now().strftime("%Y-%m-%d_%H-%M-%S_%f"))
+    check_output_folder(args.out, "--out", sorted(data))
+
+
+def check_report_from(args: argparse.Namespace) -> Path:
+    """The run dir `--report-from` rebuilds, refused in one paragraph when it is not one a bench run wrote, cannot
+    be written, or holds none of the matrix's cells (a report of rows of n/a)."""
+    given = args.report_from
+    folder = Path(given).expanduser()
+    if args.out is not None:
+        raise CommandLineError(
+            f"--out {args.out} with --report-from {given}: --report-from rebuilds bench.json, bench.md and "
+            "bench.png in the folder it reads, from the runs under its runs/ (which it only reads). Nothing was "
+            "written. Fix: leave out --out."
+        )
+    if not folder.is_dir():
+        found = "is a file" if folder.exists() else "does not exist"
+        raise CommandLineError(
+            f"--report-from {given} {found}. Nothing was written. Fix: give the folder a bench.py run wrote (its "
+            "--out, by default outputs/bench/<timestamp>: the one that holds runs/)."
+        )
+    runs = folder / "runs"
+    if not runs.is_dir():
+        raise CommandLineError(
+            f"--report-from {given} holds no runs/ folder, so no bench.py run wrote it. Nothing was written. Fix: "
+            "give the folder a bench.py run wrote (its --out, by default outputs/bench/<timestamp>)."
+        )
+    check_writable_folder(
+        folder, "--report-from", "rebuild a copy of the run dir in a folder you can write in."
+    )
+    ran = sorted(p.name for p in runs.iterdir() if p.is_dir())
+    cells = build_cells(args)
+    if not any(cell.slug in ran for cell in cells):
+        listed = (
+            ", ".join(ran[:6]) + (f" and {len(ran) - 6} more" if len(ran) > 6 else "") if ran else "nothing"
+        )
+        raise CommandLineError(
+            f"--report-from {given}: none of the {len(cells)} cells of this matrix ran there (its runs/ holds "
+            f"{listed}). Nothing was written. Fix: give the matrix options of the run that wrote it (--models, "
+            "--precisions, --channels-last, --compile, --batch-sizes, --optimizers, or --full)."
+        )
+    return folder
+
+
+def run_matrix(args: argparse.Namespace) -> dict[str, Any]:
+    cells, skipped, reason = cells_to_run(args)
     if skipped:
         names = ", ".join(c.name for c in skipped)
         print(f"bench: skipping {len(skipped)} bf16-mixed cell(s) ({names}): {reason}", flush=True)
-    if not cells:
-        raise SystemExit(
-            "bench: every cell of this matrix is bf16-mixed, and this CPU can only emulate bf16; add --precisions "
-            "32-true, or pass --emulated-bf16 to time the emulation."
-        )
     out = Path(args.out or Path("outputs") / "bench" / datetime.now().strftime("%Y-%m-%d_%H-%M-%S_%f"))
     out.mkdir(parents=True, exist_ok=True)
     base = _base_settings(args)
@@ -477,18 +583,39 @@ def collect_runs(out: Path) -> tuple[dict[str, dict[str, list[dict[str, Any]]]],
         for run_dir in run_dirs:
             path = run_dir / "result.json"
             if path.is_file() and run_dir.name[0].isdigit():
-                result = json.loads(path.read_text())
+                result = read_result(path)
                 by_kind.setdefault(result["kind"], []).append(result)
         runs[cell_dir.name] = by_kind
         result_path = cell_dir / "breakdown" / "result.json"
         if result_path.is_file():
-            result = json.loads(result_path.read_text())
+            result = read_result(result_path)
             name = Cell(**result["cell"]).name
             if "breakdown_csv" in result:
                 breakdown = {"cell": name, "img_per_s": result["img_per_s"], **_read_breakdown(result)}
             else:
                 breakdown = {"cell": name, "error": result.get("error", "no breakdown written")}
     return runs, breakdown
+
+
+class UnreadableResultError(PixelsmithError):
+    """A run's result.json that is not what `run_child` writes (cut short, edited): no report is built on it."""
+
+
+def read_result(path: Path) -> dict[str, Any]:
+    """One run's result.json, refused in one paragraph (before any report file is written) when it does not hold a
+    result: a JSON object with the run's kind and cell."""
+    try:
+        result = json.loads(path.read_text())
+        if not isinstance(result, dict) or not isinstance(result.get("kind"), str):
+            raise ValueError("no JSON object with a 'kind'")
+        Cell(**result["cell"])
+    except (OSError, ValueError, TypeError, KeyError) as err:
+        raise UnreadableResultError(
+            f"{path} is not a result bench.py wrote ({type(err).__name__}: {err}), so no report was written. Fix: "
+            f"delete that run's folder, {path.parent} (the cell's other repeats still count), and rebuild with "
+            "--report-from."
+        ) from err
+    return result
 
 
 # Per-kind FLOP counts a run's result carries next to flops_per_iteration (the mean over the timed iterations).
@@ -526,10 +653,14 @@ def write_report(
     load_end = load_average()
     previous = out / "bench.json"
     if load_start is None and previous.is_file():
-        # A rebuild (--report-from) keeps the load averages and duration of the run that measured.
-        old = json.loads(previous.read_text())
-        load_start, load_end = old["machine"]["load_average_start"], old["machine"]["load_average_end"]
-        wall_seconds = old.get("wall_seconds")
+        # A rebuild (--report-from) keeps the load averages and duration of the run that measured; a report that
+        # does not read back (cut short, edited) leaves them unknown.
+        try:
+            old = json.loads(previous.read_text())
+            load_start, load_end = old["machine"]["load_average_start"], old["machine"]["load_average_end"]
+            wall_seconds = old.get("wall_seconds")
+        except (OSError, ValueError, TypeError, KeyError):
+            load_end = None
     report = {
         "created": datetime.now().isoformat(timespec="seconds"),
         "machine": {
@@ -548,10 +679,35 @@ def write_report(
         "speedups": _speedups(records),
         "breakdown": breakdown,
     }
-    (out / "bench.json").write_text(json.dumps(report, indent=2))
-    (out / "bench.md").write_text(bench_markdown(report))
-    bench_png(out / "bench.png", report)
+    _write_whole(
+        out,
+        {
+            "bench.json": lambda path: path.write_text(json.dumps(report, indent=2)),
+            "bench.md": lambda path: path.write_text(bench_markdown(report)),
+            "bench.png": lambda path: bench_png(path, report),
+        },
+    )
     return report
+
+
+def _write_whole(out: Path, writers: dict[str, Any]) -> None:
+    """Each file written beside its final name first and moved into place once all are written: an interrupted
+    write leaves the previous report whole, never a cut one."""
+    partial = {name: out / f".{Path(name).stem}.partial{Path(name).suffix}" for name in writers}
+    try:
+        for name, write in writers.items():
+            write(partial[name])
+        for name in writers:
+            os.replace(partial[name], out / name)
+    except OSError as err:
+        raise UnwritableError(
+            f"The report in {out} could not be written: {why_unwritable(err)} ({err.strerror or err}). The "
+            "previous one is kept as it was. Fix: free space there (or make it writable) and rebuild it with "
+            "--report-from."
+        ) from err
+    finally:
+        for path in partial.values():
+            path.unlink(missing_ok=True)
 
 
 def _read_breakdown(result: dict[str, Any]) -> dict[str, Any]:
@@ -908,36 +1064,55 @@ def _torch_version() -> str:
     return torch.__version__
 
 
-def _bool(text: str) -> bool:
-    if text.lower() in ("true", "1", "yes", "on"):
-        return True
-    if text.lower() in ("false", "0", "no", "off"):
-        return False
-    raise argparse.ArgumentTypeError(f"expected true/false, got {text!r}")
-
-
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(
+    parser = Parser(
+        prog="python bench.py",
         description="Benchmark the template against a plain PyTorch loop (see docs/performance.md).",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
     parser.add_argument(
         "--full", action="store_true", help="the full matrix (long: compile cells cold-start)"
     )
-    parser.add_argument("--models", nargs="+", default=None, help="dcgan stylegan2")
-    parser.add_argument("--precisions", nargs="+", default=None, help="32-true bf16-mixed 16-mixed")
-    parser.add_argument("--channels-last", nargs="+", type=_bool, default=None, dest="channels_last")
-    parser.add_argument("--compile", nargs="+", type=_bool, default=None)
-    parser.add_argument("--batch-sizes", nargs="+", type=int, default=None, dest="batch_sizes")
-    parser.add_argument("--optimizers", nargs="+", default=None, help="fused foreach for_loop")
-    parser.add_argument("--resolution", type=int, default=64)
+    models = gan_models()
     parser.add_argument(
-        "--hardware", default="cpu", help="hardware profile of every run (auto on a GPU machine)"
+        "--models",
+        nargs="+",
+        type=one_of(models, "GAN model of conf/model"),
+        default=None,
+        help=" ".join(models),
     )
-    parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--warmup", type=int, default=3)
-    parser.add_argument("--steps", type=int, default=10)
-    parser.add_argument("--threads", type=int, default=None, help="torch.set_num_threads in each run")
+    parser.add_argument(
+        "--precisions",
+        nargs="+",
+        type=one_of(PRECISIONS, "precision"),
+        default=None,
+        help=" ".join(PRECISIONS),
+    )
+    parser.add_argument("--channels-last", nargs="+", type=true_or_false, default=None, dest="channels_last")
+    parser.add_argument("--compile", nargs="+", type=true_or_false, default=None)
+    parser.add_argument("--batch-sizes", nargs="+", type=count, default=None, dest="batch_sizes")
+    optimizers = [o.value for o in OptimizerImpl]
+    parser.add_argument(
+        "--optimizers",
+        nargs="+",
+        type=one_of(optimizers, "Adam implementation"),
+        default=None,
+        help=" ".join(optimizers),
+    )
+    parser.add_argument("--resolution", type=power_of_two(4), default=64)
+    profiles = conf_names("hardware")
+    parser.add_argument(
+        "--hardware",
+        type=one_of(profiles, "hardware profile of conf/hardware"),
+        default="cpu",
+        help=f"hardware profile of every run ({' '.join(profiles)}; auto on a GPU machine)",
+    )
+    parser.add_argument("--repeats", type=count, default=3)
+    parser.add_argument(
+        "--warmup", type=count, default=3, help="at least 1: the timed window starts after one"
+    )
+    parser.add_argument("--steps", type=count, default=10)
+    parser.add_argument("--threads", type=count, default=None, help="torch.set_num_threads in each run")
     parser.add_argument(
         "--no-plain", action="store_true", help="skip the plain-loop runs (no overhead ratio)"
     )
@@ -961,17 +1136,18 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     parser.add_argument("--override", nargs="*", default=None, help="extra Hydra overrides for every run")
     parser.add_argument("--out", default=None, help="run dir (default outputs/bench/<timestamp>)")
-    parser.add_argument("--timeout", type=float, default=1800.0, help="seconds per run")
+    parser.add_argument("--timeout", type=seconds, default=1800.0, help="seconds per run")
     parser.add_argument(
         "--report-from",
         default=None,
         dest="report_from",
-        help="rebuild bench.json/md/png from the runs in this dir (same matrix options as the original run)",
+        help="rebuild bench.json/md/png in this run dir from its runs (same matrix options as the original run)",
     )
     parser.add_argument("--child", default=None, help=argparse.SUPPRESS)
     return parser.parse_args(argv)
 
 
+@refusals_exit_2
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if args.child is not None:
@@ -979,12 +1155,20 @@ def main(argv: list[str] | None = None) -> int:
         print(RESULT_PREFIX + json.dumps(result), flush=True)
         return 0
     if args.report_from is not None:
-        report = write_report(Path(args.report_from), args, None, None)
+        report = write_report(check_report_from(args), args, None, None)
         print(f"bench: rebuilt the report of {len(report['cells'])} cells in {args.report_from}", flush=True)
         return 0
-    if args.warmup < 1 or args.steps < 1 or args.repeats < 1:
-        raise SystemExit("--warmup, --steps and --repeats must be at least 1.")
-    run_matrix(args)
+    check_matrix(args)
+    report = run_matrix(args)
+    failed = [(r["name"], len(r["errors"])) for r in report["cells"] if r["errors"]]
+    if failed:
+        # A report with failed runs (rows of n/a) is not a measurement: the exit status says so.
+        runs = ", ".join(f"{name} ({n})" for name, n in failed)
+        print(
+            f"bench: runs failed in {len(failed)} cell(s): {runs}; the Errors list in bench.md says why",
+            file=sys.stderr,
+        )
+        return 1
     return 0
 
 

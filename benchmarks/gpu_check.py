@@ -44,7 +44,18 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+from benchmarks.arguments import (
+    CommandLineError,
+    Parser,
+    amount,
+    check_output_folder,
+    nvlabs_checkout,
+    one_of,
+    refusals_exit_2,
+    true_or_false,
+)
 from benchmarks.child import CHECKOUT, child_env
+from pixelsmith.errors import PixelsmithError
 
 STAGES = ("tests", "train", "bench", "startup", "style", "data")
 STAGE_SECONDS = 540.0  # 9 minutes: the GPU machine's limit per command is 10
@@ -173,6 +184,10 @@ PROBE = (
 )
 
 
+class NoCudaError(PixelsmithError):
+    """`--device cuda` on a machine where torch sees no CUDA device."""
+
+
 def probe_environment(choice: str, work: Path) -> Environment:
     """Ask a child process (this one stays off the GPU: its memory belongs to the sub-steps)."""
     outcome = run_bounded([sys.executable, "-c", PROBE], 120.0, work / "environment.log")
@@ -183,7 +198,11 @@ def probe_environment(choice: str, work: Path) -> Environment:
             break
     cuda = bool(found.get("cuda_available"))
     if choice == "cuda" and not cuda:
-        raise SystemExit(f"--device cuda, but torch sees no CUDA device here ({outcome.problem()}).")
+        problem = "" if outcome.ok else f" (the probe: {outcome.problem()})"
+        raise NoCudaError(
+            f"--device cuda, but torch sees no CUDA device here{problem}. Nothing was measured. Fix: --device auto "
+            "or --device cpu (the shrunk CPU dry run)."
+        )
     device = "cuda" if cuda and choice in ("auto", "cuda") else "cpu"
     if device == "cuda":
         name = found.get("device_name") or "unknown CUDA device"
@@ -386,7 +405,14 @@ def stage_tests(args, env: Environment, report: StageReport, deadline: Deadline)
         result, status = f"timed out after {outcome.seconds:.0f} s; before that: {counts}", "timeout"
     elif summary.counts.get("failed") or summary.counts.get("errors"):
         result, status = counts, "fail"
-    elif outcome.returncode in (0, 5):  # 5: no test was selected (e.g. the marker matched nothing)
+    elif outcome.returncode == 5:
+        # pytest's "no tests collected": a selection that names nothing checks nothing.
+        result = (
+            f"no test was selected: `{shlex.join(selection)}` matched none (pytest exit 5; {counts}); check the "
+            "-m / -k expression and the paths in --pytest-args"
+        )
+        status = "fail"
+    elif outcome.returncode == 0:
         result, status = counts, "ok"
     else:
         result, status = f"{counts}; {outcome.problem()}", "fail"
@@ -1456,7 +1482,9 @@ def run_all(args, argv: list[str], out: Path, work: Path, env: Environment) -> i
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(
+    from pixelsmith.core.config import PRECISIONS
+
+    parser = Parser(
         prog="python -m benchmarks.gpu_check",
         description=__doc__.split("\n\n")[0],
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
@@ -1472,8 +1500,19 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "--device", choices=("auto", "cuda", "cpu"), default="auto", help="cpu: the shrunk dry run"
     )
-    parser.add_argument("--time-limit", type=float, default=STAGE_SECONDS, help="seconds for the whole stage")
-    parser.add_argument("--step-limit", type=float, default=240.0, help="seconds at most for one sub-step")
+    # Below these a stage, or a sub-step, could start nothing: every row would say "no time left".
+    parser.add_argument(
+        "--time-limit",
+        type=amount("seconds", MIN_STEP_SECONDS + RESERVE_SECONDS),
+        default=STAGE_SECONDS,
+        help="seconds for the whole stage",
+    )
+    parser.add_argument(
+        "--step-limit",
+        type=amount("seconds", MIN_STEP_SECONDS),
+        default=240.0,
+        help="seconds at most for one sub-step",
+    )
     parser.add_argument("--pytest-args", default=None, help="tests stage: the selection (default: -m gpu)")
     parser.add_argument(
         "--gpu-tests-on-cpu",
@@ -1481,25 +1520,86 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="tests stage without CUDA: PIXELSMITH_GPU_TESTS_ON_CPU=1 (the GPU set's slow CPU dry run)",
     )
     parser.add_argument(
-        "--only", nargs="+", default=None, help="bench stage: cells whose name holds one of these"
+        "--only",
+        nargs="+",
+        default=None,
+        help="bench stage: cells whose name holds one of these; startup: presets",
     )
     parser.add_argument(
-        "--compile", type=lambda text: text.lower() in ("1", "true", "yes"), default=True,
+        "--compile", type=true_or_false, default=True,
         help="bench stage on CUDA: compile as the GPU profiles do (false: eager cells)",
     )  # fmt: skip
-    parser.add_argument("--stylize-precision", default="32-true", help="style stage: stylize.py's precision")
+    parser.add_argument(
+        "--stylize-precision",
+        type=one_of(("auto", *PRECISIONS), "precision stylize.py takes"),
+        default="32-true",
+        help="style stage: stylize.py's precision",
+    )
     parser.add_argument(
         "--nvlabs-path",
+        type=nvlabs_checkout,
         default=None,
         help="bench stage: a checkout of NVlabs/stylegan2-ada-pytorch to time per phase",
     )
     parser.add_argument("--child-stylize", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
-    if args.child_stylize is None and args.stage is None and not args.all:
-        parser.error("--stage (one of " + ", ".join(STAGES) + ") or --all is required")
+    if args.child_stylize is None:
+        check_args(args)
     return args
 
 
+def check_args(args: argparse.Namespace) -> None:
+    """Refuse, before any stage starts, what the parser cannot see: no stage or two, a --pytest-args that does not
+    split, --only matching nothing its stage runs, an output folder that cannot be written or that lies in the
+    NVlabs checkout the bench stage reads."""
+    if args.stage is None and not args.all:
+        raise CommandLineError(f"--stage (one of {', '.join(STAGES)}) or --all is required. Nothing was run.")
+    if args.stage is not None and args.all:
+        raise CommandLineError(
+            f"--stage {args.stage} and --all together: --all runs every stage. Nothing was run. Fix: keep one."
+        )
+    if args.pytest_args is not None:
+        try:
+            shlex.split(args.pytest_args)
+        except ValueError as err:
+            raise CommandLineError(
+                f"--pytest-args {args.pytest_args!r} does not split into arguments ({err}). Nothing was run. Fix: "
+                "close the quote, e.g. --pytest-args \"-m gpu -k 'graphs or r3gan'\"."
+            ) from err
+    if args.only:
+        check_only(args)
+    inputs = [("--nvlabs-path", args.nvlabs_path)]
+    args.out = args.out or str(Path("outputs") / "gpu_check" / datetime.now().strftime("%Y-%m-%d_%H-%M-%S"))
+    check_output_folder(args.out, "--out", inputs)
+    if args.work_dir is not None:
+        check_output_folder(args.work_dir, "--work-dir", inputs)
+
+
+def check_only(args: argparse.Namespace) -> None:
+    """Every --only text picks a bench cell (case-insensitive) or a start-up preset (as written) of the stage, on a
+    GPU or in the CPU dry run; --all picks its own."""
+    from benchmarks import startup
+
+    if args.stage not in ("bench", "startup"):
+        where = "--all picks its own cells and presets" if args.all else f"--stage {args.stage} has none"
+        raise CommandLineError(
+            f"--only {' '.join(args.only)}: --only picks the cells of --stage bench and the presets of --stage "
+            f"startup; {where}. Nothing was run. Fix: leave out --only, or use it with --stage bench or startup."
+        )
+    if args.stage == "bench":
+        labels = [c.label for dry_run in (False, True) for c in bench_cells(dry_run)]
+        unmatched = [part for part in args.only if not any(part.lower() in label.lower() for label in labels)]
+    else:
+        labels = [r.label for r in (*startup.GPU_ROWS, *startup.CPU_DRY_ROWS)]
+        unmatched = [part for part in args.only if not any(part in label for label in labels)]
+    if unmatched:
+        raise CommandLineError(
+            f"--only {' '.join(unmatched)} matches nothing --stage {args.stage} runs; its names are: "
+            f"{'; '.join(dict.fromkeys(labels))}. Nothing was run. Fix: give a part of one of them."
+        )
+
+
+@refusals_exit_2
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     args = parse_args(argv)
@@ -1507,9 +1607,7 @@ def main(argv: list[str] | None = None) -> int:
         print(STYLIZE_PREFIX + json.dumps(stylize_child(json.loads(args.child_stylize))), flush=True)
         return 0
     deadline = Deadline(args.time_limit)
-    out = Path(
-        args.out or Path("outputs") / "gpu_check" / datetime.now().strftime("%Y-%m-%d_%H-%M-%S")
-    ).resolve()
+    out = Path(args.out).resolve()  # check_args: given, or a new one under outputs/gpu_check/
     work = Path(args.work_dir).resolve() if args.work_dir else out / f"{args.stage or 'all'}_runs"
     work.mkdir(parents=True, exist_ok=True)
     env = probe_environment(args.device, work)

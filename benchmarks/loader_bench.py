@@ -30,6 +30,15 @@ import numpy as np
 import torch
 from PIL import Image
 
+from benchmarks.arguments import (
+    Parser,
+    at_least,
+    check_hardware_here,
+    conf_names,
+    one_of,
+    power_of_two,
+    refusals_exit_2,
+)
 from benchmarks.harness import compose
 from pixelsmith.data.archive import ArchiveDataset, ArchiveSource
 from pixelsmith.data.decode import collate_encoded, decode_batch_on_device, simplejpeg_available
@@ -154,16 +163,24 @@ def step_images_per_second(size: int, hardware: str, steps: int = 6) -> tuple[st
         return cfg.model.name, steps * batch / (time.perf_counter() - start)
 
 
+@refusals_exit_2
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    parser = Parser(
+        prog="python -m benchmarks.loader_bench",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument("--sizes", type=int, nargs="+", default=[64, 256, 1024])
-    parser.add_argument("--images", type=int, default=None, help="per size (default: 512 / 128 / 32)")
-    parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--hardware", default="auto")
+    # prepare.py writes the zip and shards sources at a power of two, the side every model trains at.
+    parser.add_argument("--sizes", type=power_of_two(4), nargs="+", default=[64, 256, 1024])
+    parser.add_argument("--images", type=at_least(1), default=None, help="per size (default: 512 / 128 / 32)")
+    parser.add_argument("--repeats", type=at_least(1), default=3)
+    parser.add_argument(
+        "--hardware", type=one_of(conf_names("hardware"), "hardware profile of conf/hardware"), default="auto"
+    )
     parser.add_argument("--no-step", action="store_true", help="skip the training-step column")
     args = parser.parse_args(argv)
+    if not args.no_step:
+        check_hardware_here(args.hardware)  # the training-step column trains on it
     torch.set_num_threads(1)  # per core: one decode at a time, as one loader worker
     decoders = (
         ["pil"]

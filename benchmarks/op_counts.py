@@ -21,7 +21,6 @@ any bookkeeping of the template's own that depends on the precision shows as a d
 
 from __future__ import annotations
 
-import argparse
 import statistics
 import tempfile
 from pathlib import Path
@@ -30,6 +29,8 @@ import torch
 from lightning.pytorch.callbacks import Callback
 from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
+
+from benchmarks.arguments import Parser, power_of_two, refusals_exit_2
 
 TARGET = "benchmarks.op_counts.OpCounter"
 LOG_EVERY = 10
@@ -248,10 +249,12 @@ def report(results: dict) -> str:
     return "\n".join(lines)
 
 
+@refusals_exit_2
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = Parser(prog="python -m benchmarks.op_counts", description=__doc__.splitlines()[0])
     parser.add_argument("--models", nargs="+", default=["dcgan", "stylegan2"], choices=sorted(SMALL))
-    parser.add_argument("--resolution", type=int, default=16)
+    # StyleGAN2 builds from 16 px up, and its small config's channel_base (256) caps the side.
+    parser.add_argument("--resolution", type=power_of_two(16, 256), default=16)
     parser.add_argument("--precisions", nargs="+", default=list(PRECISIONS), choices=PRECISIONS)
     args = parser.parse_args(argv)
     torch.set_num_threads(1)

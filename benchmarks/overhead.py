@@ -23,6 +23,15 @@ from pathlib import Path
 
 import torch
 
+from benchmarks.arguments import (
+    CommandLineError,
+    Parser,
+    at_least,
+    check_output_folder,
+    count,
+    refusals_exit_2,
+)
+
 VARIANTS = {
     "template": "template as shipped",
     "no_log": "without self.log / self.log_dict",
@@ -181,14 +190,27 @@ def report(times: dict[str, list[float]]) -> str:
     return "\n".join(lines)
 
 
+@refusals_exit_2
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    parser = Parser(
+        prog="python -m benchmarks.overhead",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument("--iterations", type=int, default=120)
-    parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument(
+        "--iterations", type=at_least(2), default=120, help="per run (2 or more: a time is between two ends)"
+    )
+    parser.add_argument("--repeats", type=count, default=2)
     parser.add_argument("--out", default=None, help="run dirs (default outputs/overhead/<time>)")
     args = parser.parse_args(argv)
+    if args.out is not None:
+        out = check_output_folder(args.out, "--out")
+        if out.is_dir() and any(out.iterdir()):
+            # An earlier measurement's run dirs hold finished checkpoints that auto-resume would take.
+            raise CommandLineError(
+                f"--out {args.out} is not empty: the run dirs of an earlier measurement there would be resumed, "
+                "not measured again. Nothing was run. Fix: give --out a new or empty folder."
+            )
     torch.set_num_threads(1)
     print(report(measure(args.iterations, args.repeats, Path(args.out) if args.out else None)))
     return 0

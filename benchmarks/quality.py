@@ -30,6 +30,17 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+from benchmarks.arguments import (
+    CommandLineError,
+    Parser,
+    amount,
+    check_hardware_here,
+    check_output_folder,
+    conf_names,
+    count,
+    one_of,
+    refusals_exit_2,
+)
 from pixelsmith.config.paths import REPO_ROOT
 
 # Named rows: the overrides of `python train.py` each trains with. "dcgan" is the README's first command as it is.
@@ -56,9 +67,7 @@ FRACTIONS = (
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(
-        prog="python -m benchmarks.quality", description=__doc__.split("\n\n")[0]
-    )
+    parser = Parser(prog="python -m benchmarks.quality", description=__doc__.split("\n\n")[0])
     parser.add_argument(
         "--rows", nargs="*", default=list(ROWS), help=f"named rows ({', '.join(ROWS)}); none: only --row ones"
     )
@@ -70,31 +79,53 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="an extra row: a name and its train.py overrides, space-separated (repeatable)",
     )
     budget = parser.add_mutually_exclusive_group()
-    budget.add_argument("--minutes", type=float, default=None, help="wall clock per row (default 4.5 on CPU)")
-    budget.add_argument("--kimg", type=float, default=None, help="thousands of images per row (GPU)")
-    parser.add_argument("--eval-every", type=int, default=250, help="iterations between evaluations")
+    budget.add_argument(
+        "--minutes", type=amount("minutes"), default=None, help="wall clock per row (default 4.5 on CPU)"
+    )
+    budget.add_argument("--kimg", type=amount("kimg"), default=None, help="thousands of images per row (GPU)")
+    parser.add_argument("--eval-every", type=count, default=250, help="iterations between evaluations")
     parser.add_argument(
-        "--hardware", default="auto", help="hardware profile of every row (default: detected)"
+        "--hardware",
+        type=one_of(conf_names("hardware"), "hardware profile of conf/hardware"),
+        default="auto",
+        help="hardware profile of every row (default: detected)",
     )
     parser.add_argument(
         "--out", type=Path, default=None, help="output dir (default outputs/quality/<timestamp>)"
     )
     parser.add_argument(
-        "--timeout-factor", type=float, default=3.0, help="a row is killed after this x its budget"
+        "--timeout-factor",
+        type=amount("x the budget", 1.0),
+        default=3.0,
+        help="a row is killed after this x its budget",
     )
     args = parser.parse_args(argv)
     for spec in args.row:
         name, _, overrides = spec.partition("=")
-        if not name or not overrides:
+        if not name or not overrides.split():
             parser.error(f'--row {spec!r}: write NAME="OVERRIDE OVERRIDE ..."')
     unknown = [r for r in args.rows if r not in ROWS]
     if unknown:
         parser.error(f"unknown row(s) {unknown}; named rows are {list(ROWS)} (or add one with --row)")
+    if not args.rows and not args.row:
+        parser.error(f"no row to run: --rows names none and no --row is given; named rows are {list(ROWS)}")
     if args.minutes is None and args.kimg is None:
         args.minutes = 4.5
-    if (args.minutes is not None and args.minutes <= 0) or (args.kimg is not None and args.kimg <= 0):
-        parser.error("--minutes and --kimg must be positive")
     return args
+
+
+def check_outputs(args: argparse.Namespace) -> None:
+    """Refuse, before any row runs, an --out that cannot be written or already holds a row's run dir (train.py
+    would resume that finished run instead of training the row again), and a --hardware this machine lacks."""
+    if args.out is not None:
+        out = check_output_folder(args.out, "--out")
+        taken = [name for name in rows_of(args) if (out / name).exists()]
+        if taken:
+            raise CommandLineError(
+                f"--out {args.out} already holds the run dir of row(s) {', '.join(taken)}: train.py would resume "
+                "those runs, not train them again. Nothing was run. Fix: give --out a new folder."
+            )
+    check_hardware_here(args.hardware)
 
 
 def rows_of(args: argparse.Namespace) -> dict[str, list[str]]:
@@ -244,8 +275,11 @@ def quality_markdown(report: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
+@refusals_exit_2
 def main(argv: list[str] | None = None) -> int:
-    report = run_rows(parse_args(argv))
+    args = parse_args(argv)
+    check_outputs(args)
+    report = run_rows(args)
     return 1 if any(row["error"] for row in report["rows"].values()) else 0
 
 

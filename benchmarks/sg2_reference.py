@@ -33,7 +33,6 @@ with nvcc at first use; where they cannot, NVlabs' own code falls back to its re
 
 from __future__ import annotations
 
-import argparse
 import importlib
 import json
 import statistics
@@ -47,6 +46,15 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from benchmarks.arguments import (
+    CommandLineError,
+    Parser,
+    at_least,
+    count,
+    nvlabs_checkout,
+    power_of_two,
+    refusals_exit_2,
+)
 from pixelsmith.gan.networks.stylegan2 import StyleGAN2Discriminator, StyleGAN2Generator
 from pixelsmith.perf.flops import count_flops
 
@@ -95,12 +103,9 @@ def our_pair(args, name: str, upsampling: str, downsampling: str, channels_last:
 
 def nvlabs_pair(args) -> Pair:
     """NVlabs' Generator and resnet Discriminator from a checkout of stylegan2-ada-pytorch (imported, not copied)."""
-    path = Path(args.nvlabs_path).resolve()
-    if not (path / "training" / "networks.py").is_file():
-        raise SystemExit(
-            f"--nvlabs-path {path} has no training/networks.py: give a checkout of "
-            "https://github.com/NVlabs/stylegan2-ada-pytorch"
-        )
+    path = (
+        Path(args.nvlabs_path).expanduser().resolve()
+    )  # a checkout (`nvlabs_checkout` checked it at start-up)
     sys.path.insert(0, str(path))
     try:
         import requests  # noqa: F401
@@ -175,20 +180,23 @@ def phase_step(
     discriminator.zero_grad(set_to_none=True)
 
 
+@refusals_exit_2
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--nvlabs-path", default=None, help="a checkout of NVlabs/stylegan2-ada-pytorch")
-    parser.add_argument("--resolution", type=int, default=32)
-    parser.add_argument("--batch-size", type=int, default=16)
-    parser.add_argument("--z-dim", type=int, default=128, help="z and w size (model=stylegan2: 128)")
-    parser.add_argument("--mapping-layers", type=int, default=4)
-    parser.add_argument("--channel-base", type=int, default=4096)
-    parser.add_argument("--channel-max", type=int, default=256)
-    parser.add_argument("--repeats", type=int, default=7)
-    parser.add_argument("--warmup", type=int, default=2)
-    parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
+    parser = Parser(prog="python -m benchmarks.sg2_reference", description=__doc__.split("\n\n")[0])
+    parser.add_argument(
+        "--nvlabs-path", type=nvlabs_checkout, default=None, help="a checkout of NVlabs/stylegan2-ada-pytorch"
+    )
+    parser.add_argument("--resolution", type=power_of_two(16), default=32)
+    parser.add_argument("--batch-size", type=count, default=16)
+    parser.add_argument("--z-dim", type=count, default=128, help="z and w size (model=stylegan2: 128)")
+    parser.add_argument("--mapping-layers", type=count, default=4)
+    parser.add_argument("--channel-base", type=count, default=4096, help="at least --resolution")
+    parser.add_argument("--channel-max", type=count, default=256)
+    parser.add_argument("--repeats", type=count, default=7)
+    parser.add_argument("--warmup", type=at_least(0), default=2)
+    parser.add_argument("--threads", type=count, default=None, help="torch threads (default: torch's)")
     parser.add_argument("--no-legacy", action="store_true", help="leave out the bilinear / avg_pool column")
-    parser.add_argument("--device", default="cpu", help="cpu or cuda")
+    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     parser.add_argument("--precision", choices=("fp32", "bf16"), default="fp32", help="ours: bf16 = autocast")
     parser.add_argument("--nvlabs-fp16", action="store_true", help="NVlabs: num_fp16_res=4, conv_clamp=256")
     parser.add_argument(
@@ -200,6 +208,16 @@ def main(argv: list[str] | None = None) -> int:
         help="add a column: ours (fir) in channels_last, as every hardware profile runs it (hardware.channels_last)",
     )
     args = parser.parse_args(argv)
+    if args.channel_base < args.resolution:
+        parser.error(
+            f"--channel-base {args.channel_base} is below --resolution {args.resolution}: the networks would have "
+            f"no channels at full size; give --channel-base {args.resolution} or more"
+        )
+    if args.device == "cuda" and not torch.cuda.is_available():
+        raise CommandLineError(
+            f"--device cuda, but torch {torch.__version__} sees no CUDA device here. Nothing was run. Fix: "
+            "--device cpu."
+        )
     if args.threads:
         torch.set_num_threads(args.threads)
 

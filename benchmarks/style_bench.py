@@ -32,6 +32,15 @@ import time
 from pathlib import Path
 from typing import Any
 
+from benchmarks.arguments import (
+    Parser,
+    at_least,
+    check_hardware_here,
+    conf_names,
+    count,
+    one_of,
+    refusals_exit_2,
+)
 from benchmarks.child import child_env
 from benchmarks.harness import CLOCK_TARGET, IterationClock, compose, require_every_iteration
 
@@ -303,34 +312,38 @@ def report_markdown(results: dict[str, Any], args: argparse.Namespace) -> str:
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--hardware", default="auto")
-    parser.add_argument("--precisions", nargs="+", default=["32-true"])
-    parser.add_argument("--batch-size", type=int, default=4)
-    parser.add_argument("--resolution", type=int, default=256)
+    from pixelsmith.core.config import PRECISIONS
+
+    parser = Parser(prog="python -m benchmarks.style_bench", description=__doc__.split("\n\n")[0])
     parser.add_argument(
-        "--base-channels", type=int, default=32, help="TransformerNet width (32 = the paper's)"
+        "--hardware", type=one_of(conf_names("hardware"), "hardware profile of conf/hardware"), default="auto"
     )
-    parser.add_argument("--residual-blocks", type=int, default=5)
-    parser.add_argument("--warmup", type=int, default=3)
-    parser.add_argument("--steps", type=int, default=15)
-    parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--threads", type=int, default=None)
+    parser.add_argument("--precisions", nargs="+", type=one_of(PRECISIONS, "precision"), default=["32-true"])
+    parser.add_argument("--batch-size", type=count, default=4)
+    parser.add_argument(
+        "--resolution", type=at_least(16), default=256, help="crop side (VGG's four poolings need 16 or more)"
+    )
+    parser.add_argument(
+        "--base-channels", type=count, default=32, help="TransformerNet width (32 = the paper's)"
+    )
+    parser.add_argument("--residual-blocks", type=count, default=5)
+    # At least 1 warm-up: the first timed iteration starts after a warm one.
+    parser.add_argument("--warmup", type=count, default=3)
+    parser.add_argument("--steps", type=count, default=15)
+    parser.add_argument("--repeats", type=count, default=3)
+    parser.add_argument("--threads", type=count, default=None)
     parser.add_argument("--kinds", nargs="+", choices=KINDS, default=list(KINDS))
     parser.add_argument("--child", default=None, help=argparse.SUPPRESS)
-    args = parser.parse_args(argv)
-    if args.warmup < 1 or args.steps < 1:
-        parser.error(
-            "--warmup and --steps must be at least 1 (the first timed iteration starts after a warm one)"
-        )
-    return args
+    return parser.parse_args(argv)
 
 
+@refusals_exit_2
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if args.child is not None:
         print(json.dumps(child_main(json.loads(args.child))))
         return 0
+    check_hardware_here(args.hardware, precisions=args.precisions)
     results = run_bench(args)
     print(report_markdown(results, args))
     return 0

@@ -6,6 +6,7 @@ import json
 
 import pytest
 
+from benchmarks.arguments import CommandLineError
 from benchmarks.quality import parse_args, quality_markdown, row_command, run_rows, value_at
 
 pytestmark = pytest.mark.bench
@@ -41,7 +42,7 @@ def test_rows_get_the_same_budget_and_evaluation_cadence(tmp_path):
     by_images = parse_args(["--kimg", "6.4", "--hardware", "cpu"])
     command = row_command(["data.batch_size=32"], by_images, tmp_path / "small")
     assert "max_steps=200" in command and "train.time_budget_minutes=null" in command  # 6400 images / 32
-    with pytest.raises(SystemExit):
+    with pytest.raises(CommandLineError, match="unknown row.*nonexistent"):
         parse_args(["--rows", "nonexistent"])
 
 

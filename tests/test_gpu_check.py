@@ -123,7 +123,7 @@ def test_without_cuda_the_device_is_a_cpu_dry_run_and_cuda_is_refused(monkeypatc
     monkeypatch.setattr(gpu_check, "run_bounded", fake_run)
     env = gpu_check.probe_environment("auto", tmp_path)
     assert env.device == "cpu" and env.dry_run and "logical CPUs" in env.device_name
-    with pytest.raises(SystemExit, match="--device cuda, but torch sees no CUDA device"):
+    with pytest.raises(gpu_check.NoCudaError, match="--device cuda, but torch sees no CUDA device"):
         gpu_check.probe_environment("cuda", tmp_path)
 
 
@@ -183,6 +183,20 @@ def test_the_tests_stage_runs_pytest_and_tables_counts_failures_and_durations(tm
         "test_passes",
         "test_fails",
     }
+
+
+def test_a_pytest_selection_that_selects_nothing_fails_the_tests_stage(tmp_path, cpu_here):
+    """pytest exits 5 when no test is selected: tabled as a failure saying so, never "ok"."""
+    tests = tmp_path / "test_fake.py"
+    tests.write_text(FAKE_TESTS)
+    out = tmp_path / "out"
+    code = gpu_check.main(
+        ["--stage", "tests", "--out", str(out), "--pytest-args", f"{tests} -k nothingmatches"]
+    )
+    assert code == 1
+    (row,) = _table(out, "tests")[1]["rows"]
+    assert row["status"] == "fail" and row["data"]["returncode"] == 5
+    assert row["result"].startswith("no test was selected:") and "4 deselected" in row["result"]
 
 
 def test_a_pytest_run_past_the_stage_limit_becomes_a_timeout_row_naming_the_test(
