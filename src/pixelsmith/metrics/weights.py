@@ -32,6 +32,7 @@ import json
 import logging
 import os
 import re
+import stat
 import urllib.error
 import urllib.request
 import uuid
@@ -43,6 +44,7 @@ from pathlib import Path
 import torch
 
 from pixelsmith.errors import PixelsmithError
+from pixelsmith.hashing import file_sha256
 
 log = logging.getLogger(__name__)
 
@@ -167,31 +169,21 @@ def offline() -> bool:
     return os.environ.get(OFFLINE_ENV, "").strip().lower() in ("1", "true", "yes", "on")
 
 
-def file_sha256(path: Path) -> tuple[str, int]:
-    """The SHA-256 of a file and the number of bytes it was taken over (read in chunks: any size, bounded memory)."""
-    digest, size = hashlib.sha256(), 0
-    with open(path, "rb") as stream:
-        while chunk := stream.read(_CHUNK):
-            digest.update(chunk)
-            size += len(chunk)
-    return digest.hexdigest(), size
-
-
 def stamp_path(path: Path) -> Path:
     """Where the record that ``path`` passed its check is kept."""
     return path.with_name(f".{path.name}{STAMP_SUFFIX}")
 
 
-def _stamp_for(path: Path, entry: PublishedWeights, stat: os.stat_result) -> dict[str, object]:
+def _stamp_for(path: Path, entry: PublishedWeights, status: os.stat_result) -> dict[str, object]:
     # The change time and inode are in it too: a file put back with its old modification time (os.utime, touch -d)
     # still gets a new change time, and a file copied over this one a new inode or change time.
     return {
         "file": path.name,
         "sha256": entry.sha256.lower(),
-        "size": stat.st_size,
-        "mtime_ns": stat.st_mtime_ns,
-        "ctime_ns": stat.st_ctime_ns,
-        "inode": stat.st_ino,
+        "size": status.st_size,
+        "mtime_ns": status.st_mtime_ns,
+        "ctime_ns": status.st_ctime_ns,
+        "inode": status.st_ino,
     }
 
 
@@ -199,10 +191,17 @@ def _read_stamp(path: Path) -> object:
     """The stamp beside ``path`` as JSON data, or None: a missing, unreadable, oversized or malformed stamp only
     means the file is hashed again. Nothing in it is more than compared."""
     try:
-        with open(stamp_path(path), "rb") as stream:
-            raw = stream.read(_STAMP_MAX_BYTES + 1)
+        # Non-blocking and regular files only: a FIFO under the stamp's name must not hang the run.
+        descriptor = os.open(stamp_path(path), os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
     except OSError:
         return None
+    with os.fdopen(descriptor, "rb") as stream:
+        try:
+            if not stat.S_ISREG(os.fstat(descriptor).st_mode):
+                return None
+            raw = stream.read(_STAMP_MAX_BYTES + 1)
+        except OSError:
+            return None
     if len(raw) > _STAMP_MAX_BYTES:
         return None
     try:
@@ -240,9 +239,9 @@ def verify_weights_file(
     expected_stamp = _stamp_for(path, entry, before)
     if before.st_size == entry.size and _read_stamp(path) == expected_stamp:
         return None
-    sha256, size = file_sha256(path)
-    if not entry.matches(sha256, size):
-        return WeightsMismatch(sha256, size)
+    sha256 = file_sha256(path)
+    if not entry.matches(sha256, before.st_size):
+        return WeightsMismatch(sha256, before.st_size)
     # A file that changed while it was read is not stamped: the next run reads it again.
     if record and _stamp_for(path, entry, path.stat()) == expected_stamp:
         _write_stamp(path, expected_stamp)
@@ -302,7 +301,10 @@ def download_verified(
             raise WeightsDownloadError(
                 f"the {size} bytes received have the SHA-256 {sha256}, not the published {entry.describe()}"
             )
-        os.replace(partial, destination)
+        try:
+            os.replace(partial, destination)
+        except OSError as err:  # a folder in the way, say
+            raise WeightsDownloadError(f"{destination} cannot be replaced ({err})") from err
     finally:
         partial.unlink(missing_ok=True)
     _write_stamp(destination, _stamp_for(destination, entry, destination.stat()))
@@ -387,7 +389,13 @@ def resolve_weights_file(
             with _entry_lock(checkpoints, entry.file_name, for_download=found is None) as locked:
                 found = on_disk()  # another process may have fetched it while this one waited
                 if found is not None:
-                    mismatch = verify_weights_file(found, entry, record=locked)
+                    try:
+                        mismatch = verify_weights_file(found, entry, record=locked)
+                    except OSError as err:
+                        raise error(
+                            f"The {what} weights file {found} cannot be read ({err}). Make it readable, or delete it "
+                            f"and run again to download it from {entry.url}.{tail}"
+                        ) from err
                     if mismatch is None:
                         return found
                     raise error(_refusal(what, found, entry, mismatch, config_key, tail))
