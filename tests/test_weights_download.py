@@ -37,7 +37,7 @@ from pixelsmith.metrics.weights import (
     resolve_weights_file,
     stamp_path,
 )
-from tests.conftest import CHECKOUT
+from tests.conftest import CHECKOUT, run_cli
 
 BODY = bytes(range(256)) * 40  # 10,240 bytes
 DIGEST = hashlib.sha256(BODY).hexdigest()
@@ -392,6 +392,31 @@ def test_a_replaced_cached_file_is_refused_even_offline(hub, monkeypatch):
     with pytest.raises(MissingWeightsError) as error:
         _resolve()
     _assert_refused_paragraph(str(error.value), hub / NAME, found=OTHER_DIGEST, expected=DIGEST)
+
+
+@pytest.mark.slow  # an entry point in a subprocess
+def test_a_forged_cached_file_stops_train_py_with_the_paragraph(tmp_path):
+    """A file under a published name that is not the published file (here a small stand-in for a forged
+    vgg19-dcbb9e9d.pth): train.py exits 2 with the one paragraph, before training, and leaves the file as it is."""
+    checkpoints = tmp_path / "torch_home" / "hub" / "checkpoints"
+    checkpoints.mkdir(parents=True)
+    forged = checkpoints / "vgg19-dcbb9e9d.pth"
+    forged.write_bytes(OTHER)
+    published = PUBLISHED["vgg19"]
+    result = run_cli(
+        ["train.py", "experiment=style_adain", f"hydra.run.dir={tmp_path}/run"],
+        timeout=300,
+        env_extra={"TORCH_HOME": str(tmp_path / "torch_home")},
+    )
+    text = result.stdout + result.stderr
+    assert result.returncode == 2, text
+    assert "Traceback" not in text
+    paragraph = next(line for line in text.splitlines() if "is not the published" in line)
+    assert f"{forged} is not the published vgg19-dcbb9e9d.pth" in paragraph
+    assert f"its SHA-256 is {OTHER_DIGEST} ({len(OTHER)} bytes)" in paragraph
+    assert f"the published file's is {published.sha256} ({published.size} bytes)" in paragraph
+    assert published.url in paragraph and "model.loss_net.weights_path=" in paragraph
+    assert forged.read_bytes() == OTHER and not (tmp_path / "run" / "checkpoints").exists()
 
 
 def test_a_malformed_or_oversized_stamp_only_means_hashing_again(hub, monkeypatch, hash_calls):
