@@ -466,6 +466,25 @@ def test_offline_mode_fetches_nothing_and_says_where_to_put_the_file(server, hub
     assert server.requests == {} and not hub.exists()
 
 
+def test_offline_a_file_gone_while_waiting_for_the_lock_is_missing_and_nothing_is_fetched(
+    server, hub, monkeypatch
+):
+    _publish(monkeypatch, server.url("/good"))
+    monkeypatch.setenv(OFFLINE_ENV, "1")
+    hub.mkdir(parents=True)
+    (hub / NAME).write_bytes(BODY)
+    real_lock = weights._entry_lock
+
+    def lock_after_another_process_removed_it(*args, **kwargs):
+        (hub / NAME).unlink()
+        return real_lock(*args, **kwargs)
+
+    monkeypatch.setattr(weights, "_entry_lock", lock_after_another_process_removed_it)
+    with pytest.raises(MissingWeightsError, match=f"{OFFLINE_ENV}=1 forbids downloading it"):
+        _resolve()
+    assert server.requests == {} and _leftovers(hub) == []
+
+
 def test_a_file_the_user_gives_is_used_as_is_without_any_network(server, hub, monkeypatch, tmp_path):
     _publish(monkeypatch, server.url("/good"))
     mine = tmp_path / "my_inception.pth"

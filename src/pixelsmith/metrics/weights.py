@@ -382,9 +382,8 @@ def resolve_weights_file(
         return next((checkpoints / name for name in entry.names if (checkpoints / name).is_file()), None)
 
     found = on_disk()
-    if found is None and offline():
-        why = f"{OFFLINE_ENV}={os.environ.get(OFFLINE_ENV)} forbids downloading it"
-    else:
+    why = f"{OFFLINE_ENV}={os.environ.get(OFFLINE_ENV)} forbids downloading it"
+    if found is not None or not offline():
         try:
             with _entry_lock(checkpoints, entry.file_name, for_download=found is None) as locked:
                 found = on_disk()  # another process may have fetched it while this one waited
@@ -399,10 +398,15 @@ def resolve_weights_file(
                     if mismatch is None:
                         return found
                     raise error(_refusal(what, found, entry, mismatch, config_key, tail))
-                log.info(
-                    "Downloading the %s weights from %s to %s", what, entry.url, checkpoints / entry.file_name
-                )
-                return download_verified(entry, checkpoints / entry.file_name)
+                # Offline, a file that went away while this process waited for the lock is missing like any other.
+                if not offline():
+                    log.info(
+                        "Downloading the %s weights from %s to %s",
+                        what,
+                        entry.url,
+                        checkpoints / entry.file_name,
+                    )
+                    return download_verified(entry, checkpoints / entry.file_name)
         except WeightsDownloadError as err:
             why = f"downloading it from {entry.url} failed ({err}; nothing was kept)"
     also_named = (
