@@ -4,8 +4,9 @@ shares the 8 hex digits of the name), another length, an endless body or a cut-s
 name; a download killed with SIGKILL mid-body leaves nothing under the real name and its partial file is removed by
 the next run; a cached file is hashed once, then trusted by its stamp until its size, times or inode change, and a
 file altered or replaced after stamping is checked again and refused; several processes fetch once; offline mode and a
-failed download give the one paragraph naming the file and where to put it; a path the user gives is used without any
-network; and the table's full digests and lengths agree with the names and torchvision's metadata."""
+failed download give the one paragraph naming the file and where to put it; train.py stops on a forged cached file
+with that paragraph and exit status 2; a path the user gives is used without any network; and the table's full digests
+and lengths agree with the names and torchvision's metadata."""
 
 from __future__ import annotations
 
