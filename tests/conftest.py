@@ -9,6 +9,8 @@ install of another clone in the same venv would otherwise supply its own package
 from __future__ import annotations
 
 import csv
+import dataclasses
+import hashlib
 import os
 import random
 import socket
@@ -240,6 +242,17 @@ def run_cli(args: list[str], cwd: Path = CHECKOUT, timeout: int = 600, env_extra
         timeout=timeout,
         check=False,
     )
+
+
+def publish_test_weights(monkeypatch: pytest.MonkeyPatch, key: str, path: Path) -> None:
+    """Make ``path``, a test's stand-in for a pretrained file written under its published name in torch hub's cache,
+    the published file of ``PUBLISHED[key]``: the table then holds its full SHA-256 and length, as it holds the real
+    file's (any other file under that name is refused)."""
+    from pixelsmith.metrics.weights import PUBLISHED
+
+    digest = hashlib.sha256(path.read_bytes()).hexdigest()
+    published = dataclasses.replace(PUBLISHED[key], sha256=digest, size=path.stat().st_size)
+    monkeypatch.setitem(PUBLISHED, key, published)
 
 
 @contextmanager

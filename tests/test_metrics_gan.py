@@ -24,6 +24,7 @@ from pixelsmith.metrics import (
 )
 from pixelsmith.metrics.protocol import uint8_to_unit_range
 from pixelsmith.metrics.train_mnist_extractor import load_split
+from tests.conftest import publish_test_weights
 
 MNIST_NPZ = Path(__file__).resolve().parents[1] / "data" / "mnist_5k.npz"
 
@@ -132,6 +133,7 @@ def test_inception_weights_are_found_in_torch_home_under_either_name(
     monkeypatch.setenv("TORCH_HOME", str(tmp_path))
     checkpoints = tmp_path / "hub" / "checkpoints"
     weights = make_random_fid_inception_weights(checkpoints / "weights-inception-2015-12-05-6726825d.pth")
+    publish_test_weights(monkeypatch, "inception-v3-fid", weights)
     extractor = InceptionFeatureExtractor(feature_layer=64, with_logits=False)
     assert extractor.weights_path == weights and extractor.name == "inception-v3-fid/64"
     weights.rename(checkpoints / INCEPTION_WEIGHTS_FILE)

@@ -21,6 +21,7 @@ from pixelsmith.metrics import (
     gram_matrix,
     style_gram_distance,
 )
+from tests.conftest import publish_test_weights
 
 
 def test_gram_matrix_is_float32_and_does_not_overflow_in_half_precision() -> None:
@@ -94,6 +95,7 @@ def test_lpips_loads_the_backbone_file_from_torch_home(
     checkpoints = tmp_path / "hub" / "checkpoints"
     checkpoints.mkdir(parents=True)
     torch.save(backbone.state_dict(), checkpoints / "squeezenet1_1-b8a52dc0.pth")
+    publish_test_weights(monkeypatch, "squeezenet1_1", checkpoints / "squeezenet1_1-b8a52dc0.pth")
     network = build_lpips_network("squeeze")
     torch.testing.assert_close(network.net.slices[0][0].weight, backbone.features[0].weight, rtol=0, atol=0)
     torch.testing.assert_close(

@@ -12,6 +12,7 @@ from pixelsmith.style.loss_network import (
     build_vgg_features,
     layer_names,
 )
+from tests.conftest import publish_test_weights
 
 pytestmark = pytest.mark.filterwarnings(
     "ignore::pixelsmith.style.loss_network.RandomLossNetworkWeightsWarning"
@@ -92,11 +93,12 @@ def _fake_torchvision_state(arch: str) -> dict[str, torch.Tensor]:
     return state
 
 
-def test_weights_load_from_torchvision_cache_without_download(empty_torch_home):
+def test_weights_load_from_torchvision_cache_without_download(empty_torch_home, monkeypatch):
     state = _fake_torchvision_state("vgg19")
     checkpoints = empty_torch_home / "hub" / "checkpoints"
     checkpoints.mkdir(parents=True)
     torch.save(state, checkpoints / "vgg19-dcbb9e9d.pth")
+    publish_test_weights(monkeypatch, "vgg19", checkpoints / "vgg19-dcbb9e9d.pth")
     with warnings.catch_warnings():
         warnings.simplefilter(
             "error", RandomLossNetworkWeightsWarning
