@@ -176,6 +176,12 @@ def _ordered_dict(machine: _PickleMachine, *args: Any) -> OrderedDict:
     return OrderedDict()
 
 
+def _set(machine: _PickleMachine, items: Any = ()) -> set:
+    if type(items) is not list:  # protocol 3 pickles a set as builtins.set([items])
+        raise _Malformed(f"a set built from a {type(items).__name__}")
+    return {machine.key(item) for item in items}
+
+
 def _easy_dict(machine: _PickleMachine, *args: Any) -> _EasyDict:
     if args:
         raise _Malformed("an EasyDict built from arguments")
@@ -364,6 +370,10 @@ _GLOBALS: dict[tuple[str, str], tuple[_Builder, str]] = {
         _Builder("OrderedDict", _ordered_dict),
         "torch modules keep their parameters, buffers, children and hooks in OrderedDicts",
     ),
+    ("builtins", "set"): (
+        _Builder("set", _set),
+        "protocol 3 (Python 3.7's default) writes a set, such as a module's non-persistent buffer names, so",
+    ),
     ("dnnlib.util", "EasyDict"): (
         _Builder("EasyDict", _easy_dict, is_class=True),
         "NVlabs' networks' keyword arguments (mapping_kwargs, synthesis_kwargs, ...), read as the dicts they are",
@@ -469,7 +479,10 @@ class _BoundedStream:
     pointing past the end, stops the load as a truncated file before anything is allocated for it."""
 
     def __init__(self, raw: Any, size: int):
-        self.raw, self.remaining = raw, size
+        self.raw, self.size, self.remaining = raw, size, size
+
+    def tell(self) -> int:  # where genops says a bad opcode is
+        return self.size - self.remaining
 
     def read(self, n: int) -> bytes:
         if n > self.remaining:
@@ -600,12 +613,12 @@ class _PickleMachine:
         return target
 
     @staticmethod
-    def _key(key: Any) -> Any:
+    def key(key: Any) -> Any:
         # Names and small numbers, as NVlabs' dicts and sets hold: their hashes cannot be made to collide (string
         # hashes are salted per process), so filling a dict stays linear in its size.
         if type(key) is str or (type(key) is int and -(2**31) <= key < 2**31):
             return key
-        raise _Malformed(f"a dict key or set item that is a {type(key).__name__}")
+        raise _Malformed(f"a dict key or set item of type {type(key).__name__}")
 
     def _append(self, arg: Any) -> None:
         value = self.stack.pop()
@@ -618,7 +631,7 @@ class _PickleMachine:
     def _setitem(self, arg: Any) -> None:
         value = self.stack.pop()
         key = self.stack.pop()
-        self._target((dict, OrderedDict, _EasyDict))[self._key(key)] = value
+        self._target((dict, OrderedDict, _EasyDict))[self.key(key)] = value
 
     def _setitems(self, arg: Any) -> None:
         items = self._pop_mark()
@@ -626,13 +639,13 @@ class _PickleMachine:
             raise _Malformed("a dict's batch of items with a key and no value")
         target = self._target((dict, OrderedDict, _EasyDict))
         for index in range(0, len(items), 2):
-            target[self._key(items[index])] = items[index + 1]
+            target[self.key(items[index])] = items[index + 1]
 
     def _additems(self, arg: Any) -> None:
         items = self._pop_mark()
         target = self._target((set,))
         for item in items:
-            target.add(self._key(item))
+            target.add(self.key(item))
 
     def _memoize(self, arg: Any) -> None:
         self.memo[len(self.memo)] = self.stack[-1]
