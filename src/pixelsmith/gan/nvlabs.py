@@ -241,9 +241,8 @@ def _load_storage(machine: _PickleMachine, payload: Any) -> _Storage:
     values = bytearray(stream.read(stream.remaining))
     if not values:
         return _Storage(torch.empty(0, dtype=record.dtype))
-    if (
-        record.dtype == torch.bool
-    ):  # any non-zero byte is True; a bool byte other than 0 or 1 is undefined in torch
+    if record.dtype == torch.bool:
+        # any non-zero byte is True: a bool byte other than 0 or 1 is undefined behaviour in torch
         return _Storage(torch.frombuffer(values, dtype=torch.uint8) != 0)
     return _Storage(torch.frombuffer(values, dtype=record.dtype))
 
@@ -283,9 +282,8 @@ def _rebuild_tensor(
         1 + sum((n - 1) * s for n, s in zip(size, stride, strict=True)) if numel else 0
     )
     available = storage.flat.numel()
-    if (
-        extent > available or numel > available
-    ):  # more values than its storage: an expanded view of a few bytes
+    # numel too: more values than the storage holds is an expanded view of a few bytes (a stride of 0)
+    if extent > available or numel > available:
         raise _Malformed(
             f"a tensor of shape {list(size)} at offset {storage_offset} reaching outside its storage of {available} "
             "values"
