@@ -777,9 +777,8 @@ def read_pickle(path: str | Path, key: str = "source") -> dict[str, Any]:
                     network.tensors()  # every module tree walked once, within its bounds, before any use
     except PixelsmithError:
         raise
-    except (
-        Exception
-    ) as err:  # whatever a hostile file raises (RecursionError, MemoryError, ...): one paragraph
+    except Exception as err:
+        # whatever a hostile file makes fail (RecursionError, MemoryError, ...): one paragraph, never a traceback
         raise _as_refusal(key, path, err) from None
     if type(data) is not dict or not all(type(data.get(k)) is PersistentObject for k in NETWORK_KEYS):
         found = sorted(str(k)[:40] for k in data)[:12] if type(data) is dict else type(data).__name__
@@ -1068,7 +1067,8 @@ def convert_pickle(path: str | Path, key: str = "source") -> Converted:
         return _convert(path, data)
     except PixelsmithError:
         raise
-    except Exception as err:  # whatever a hostile file makes fail: one paragraph, never a traceback
+    except Exception as err:
+        # whatever a hostile file makes fail: one paragraph, never a traceback
         raise _as_refusal(key, path, err) from None
 
 
