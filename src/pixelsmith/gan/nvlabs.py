@@ -51,13 +51,15 @@ NVLABS_REPO = "https://github.com/NVlabs/stylegan2-ada-pytorch"
 NETWORK_KEYS = ("G", "D", "G_ema")
 
 # What a file can make the reader do, each far above what NVlabs' largest networks need (a 1024 px snapshot has of
-# the order of 10^5 opcodes, a few hundred modules per network, nested four deep, tensors of at most four dims).
-MAX_OPCODES = (
-    2_000_000  # every opcode makes at most one small object: this bounds the reader's time and memory
-)
+# the order of 10^5 opcodes, a few hundred modules and tensors per network, nested four deep, names of a few
+# letters, tensors of at most four dims). Every opcode makes at most one small object, so MAX_OPCODES bounds the
+# reader's time and the memory it takes beyond the file's own bytes; names and depth bound each tensor's name.
+MAX_OPCODES = 2_000_000
 MAX_STORAGE_HEADER_OPCODES = 200  # a storage's torch.save header is a few dozen opcodes
-MAX_MODULE_DEPTH = 32
+MAX_MODULE_DEPTH = 16
 MAX_MODULES = 10_000  # per network
+MAX_TENSORS = 50_000  # per network
+MAX_NAME = 64  # letters in a parameter's, buffer's or child module's name
 MAX_TENSOR_DIMS = 8
 MAX_LINE = 256  # a GLOBAL opcode's "module\nname\n" lines
 
@@ -101,7 +103,9 @@ class PersistentObject:
         if type(group) not in (dict, OrderedDict, _EasyDict):
             raise _Malformed(f"module {self.class_name}'s {name} is a {type(group).__name__}, not a dict")
         for key, value in group.items():
-            if type(key) is not str or not (value is None or isinstance(value, kinds)):
+            if type(key) is not str or len(key) > MAX_NAME:
+                raise _Malformed(f"module {self.class_name}'s {name} has a name that is no short text")
+            if not (value is None or isinstance(value, kinds)):
                 raise _Malformed(f"module {self.class_name}'s {name} holds a {type(value).__name__}")
         return dict(group)
 
@@ -132,7 +136,7 @@ class PersistentObject:
                 continue
             seen.add(id(module))
             if depth > MAX_MODULE_DEPTH:
-                raise _Malformed(f"its modules nest more than {MAX_MODULE_DEPTH} deep (at {prefix[:200]})")
+                raise _Malformed(f"its modules nest more than {MAX_MODULE_DEPTH} deep (at {prefix[:100]}...)")
             if len(out) == MAX_MODULES:
                 raise _Malformed(f"a network of more than {MAX_MODULES} modules")
             out.append((prefix, module))
@@ -149,6 +153,8 @@ class PersistentObject:
                 for key, tensor in module._group(group, (Tensor,)).items():
                     if tensor is not None:
                         out[f"{prefix}{name}{key}"] = tensor
+                if len(out) > MAX_TENSORS:
+                    raise _Malformed(f"a network of more than {MAX_TENSORS} tensors")
         return out
 
 
