@@ -363,7 +363,7 @@ _CHILD = textwrap.dedent(
     if mode == "files":
         cases = ((name, Path(name).read_bytes) for name in args)
     else:
-        from tests.test_nvlabs_hostile import mutations
+        from tests.test_gan_nvlabs_hostile import mutations
         cases = ((name, lambda data=data: data) for name, data in mutations(int(args[0]), int(args[1])))
     folder = tempfile.TemporaryDirectory()
     for name, data in cases:
@@ -709,7 +709,10 @@ def mutations(seed: int, count: int):
 def _fuzz(seed: int, count: int, timeout: float) -> None:
     results = _run_child(["fuzz", str(seed), str(count)], timeout=timeout)
     bad = {case: r for case, r in results.items() if r["outcome"] not in ("loaded", "refused")}
-    assert not bad, f"replay: python -c 'from tests.test_nvlabs_hostile import mutations' with {bad}"
+    replay = (
+        f"PIXELSMITH_FUZZ_SEED={seed} replays these; tests.test_gan_nvlabs_hostile.mutations({seed}, {count})"
+    )
+    assert not bad, f"{replay} gives each case's bytes: {bad}"
     assert len(results) == count, f"{count - len(results)} cases did not run"
     for case, result in results.items():
         assert result["seconds"] < 10, (case, result)
