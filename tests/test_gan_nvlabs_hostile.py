@@ -214,6 +214,43 @@ def _views(count: int, size: int) -> bytes:
     return _snapshot(_module("Generator", params=tensors))
 
 
+def _shared_state(count: int) -> bytes:
+    """`count` modules built from one state (referred back to), whose `_modules` lists all of them: each module
+    has `count` children, count^2 child entries in all, from a file of a few bytes per module."""
+    recon = P.glob("torch_utils.persistence", "_reconstruct_persistent_obj")
+    state = P.dict((P.text("_modules"), P.dict() + P.put(0))) + P.put(1)
+    meta = P.dict((P.text("class_name"), P.text("M")), (P.text("state"), state)) + P.put(2)
+    modules = b"".join(
+        P.text(f"m{i}") + P.call(recon, meta if i == 0 else P.get(2)) + P.put(10 + i) for i in range(count)
+    )
+    links = (
+        P.text("links")
+        + P.get(0)
+        + b"("
+        + b"".join(P.text(f"c{i}") + P.get(10 + i) for i in range(count))
+        + b"u"
+    )
+    networks = b"".join(P.text(key) + P.get(10) for key in ("G", "D", "G_ema"))
+    return P.file(b"}(" + modules + links + networks + b"u")
+
+
+def _sets_of_one_list(items: int, sets: int) -> bytes:
+    """builtins.set (protocol 3's sets) of one `items`-long list, `sets` times: a few bytes per set."""
+    listed = b"]" + P.put(0) + b"(" + b"K\x01" * items + b"e"
+    made = [P.call(P.glob("builtins", "set"), listed if i == 0 else P.get(0)) for i in range(sets)]
+    return _in_kwargs(P.tuple(*made))
+
+
+def _storage_read_again(times: int) -> bytes:
+    """One storage's bytes (64 KiB) kept in the memo and read as a storage `times` times, a few bytes each."""
+    load = P.glob("torch.storage", "_load_from_bytes")
+    payload = P.raw(_storage_payload([0.5] * 16384)) + P.put(0)
+    tensors = [
+        (f"w{i}", _tensor(P.call(load, payload if i == 0 else P.get(0)), 0, (1,), (1,))) for i in range(times)
+    ]
+    return _snapshot(_module("G", params=tensors))
+
+
 def _payload_with_count(count: int) -> bytes:
     """A storage's bytes whose data header declares `count` values (it holds 4)."""
     payload = _storage_payload([1.0, 2.0, 3.0, 4.0])
@@ -309,7 +346,12 @@ HOSTILE: dict[str, tuple[bytes, str]] = {
         ),
         "storage given as a str",
     ),  # fmt: skip
-    "views_past_the_file": (_views(300, 4096), "more bytes than the file holds"),
+    "views_past_the_file": (_views(300, 4096), "tensors add up to more bytes than the file holds"),
+    # What the memo makes cheap to ask for again: a storage's bytes read 1000 times, one state for 2000 modules,
+    # one list made into a set 25 times.
+    "storage_read_again": (_storage_read_again(1000), "storages add up to more bytes than the file holds"),
+    "one_state_for_2000_modules": (_shared_state(2000), "more than 100000 children in all"),
+    "one_list_as_25_sets": (_sets_of_one_list(100_000, 25), "more than 2,000,000 pickle opcodes and items"),
     # Data the reader must not recurse into.
     "list_200k_deep": (_in_kwargs(_deep_list(200_000)), "without StyleGAN2's synthesis blocks"),
     "tuple_key": (_in_kwargs(P.dict((P.tuple(P.int(1)), P.int(1)))), "dict key or set item of type tuple"),

@@ -54,10 +54,12 @@ NETWORK_KEYS = ("G", "D", "G_ema")
 # the order of 10^5 opcodes, a few hundred modules and tensors per network, nested four deep, names of a few
 # letters, tensors of at most four dims). Every opcode makes at most one small object, so MAX_OPCODES bounds the
 # reader's time and the memory it takes beyond the file's own bytes; names and depth bound each tensor's name.
-MAX_OPCODES = 2_000_000
-MAX_STORAGE_HEADER_OPCODES = 200  # a storage's torch.save header is a few dozen opcodes
+MAX_OPCODES = (
+    2_000_000  # with the opcodes of the pickles inside its storages, and items a builder goes through
+)
 MAX_MODULE_DEPTH = 16
 MAX_MODULES = 10_000  # per network
+MAX_MODULE_LINKS = 100_000  # child entries in all of a network's modules
 MAX_TENSORS = 50_000  # per network
 MAX_NAME = 64  # letters in a parameter's, buffer's or child module's name
 MAX_TENSOR_DIMS = 8
@@ -124,24 +126,30 @@ class PersistentObject:
 
     def modules(self) -> list[tuple[str, PersistentObject]]:
         """This module and every module below it, as (name prefix, module), depth first in the pickle's order.
-        Each is listed once, under the first name it is reached by, as torch's `named_modules` does: a module two
-        parents share, or one that is its own descendant, is not walked again. An explicit stack, not recursion,
-        and bounded in depth and count."""
+        Each is listed once, under the first name the walk meets it by, as torch's `named_modules` lists a module
+        once: a module two parents share, or one that is its own descendant, is not walked again. An explicit
+        stack, not recursion, and bounded in depth, modules and child entries looked at."""
         out: list[tuple[str, PersistentObject]] = []
-        seen: set[int] = set()
+        seen = {id(self)}
         pending: list[tuple[str, PersistentObject, int]] = [("", self, 0)]
+        links = 0
         while pending:
             prefix, module, depth = pending.pop()
-            if id(module) in seen:
-                continue
-            seen.add(id(module))
             if depth > MAX_MODULE_DEPTH:
                 raise _Malformed(f"its modules nest more than {MAX_MODULE_DEPTH} deep (at {prefix[:100]}...)")
-            if len(out) == MAX_MODULES:
-                raise _Malformed(f"a network of more than {MAX_MODULES} modules")
             out.append((prefix, module))
-            children = [(f"{prefix}{name}.", child, depth + 1) for name, child in module.children.items()]
-            pending.extend(reversed(children))
+            if len(out) > MAX_MODULES:
+                raise _Malformed(f"a network of more than {MAX_MODULES} modules")
+            children = module.children
+            links += len(children)
+            if links > MAX_MODULE_LINKS:
+                raise _Malformed(f"a network whose modules list more than {MAX_MODULE_LINKS} children in all")
+            fresh = []
+            for name, child in children.items():
+                if id(child) not in seen:
+                    seen.add(id(child))
+                    fresh.append((f"{prefix}{name}.", child, depth + 1))
+            pending.extend(reversed(fresh))
         return out
 
     def tensors(self, prefix: str = "") -> dict[str, Tensor]:
@@ -173,7 +181,8 @@ def _reconstruct_persistent_obj(machine: _PickleMachine, meta: Any) -> Persisten
     class_name, module_src = meta.get("class_name"), meta.get("module_src")
     if type(class_name) is not str or not (module_src is None or type(module_src) is str):
         raise _Malformed("a persistent module whose class name or source is not text")
-    return PersistentObject(class_name[:200], module_src or "", dict(meta["state"]))
+    # the state itself, not a copy: a pickle can build many modules from one state it refers back to
+    return PersistentObject(class_name[:200], module_src or "", meta["state"])
 
 
 def _ordered_dict(machine: _PickleMachine, *args: Any) -> OrderedDict:
@@ -185,6 +194,7 @@ def _ordered_dict(machine: _PickleMachine, *args: Any) -> OrderedDict:
 def _set(machine: _PickleMachine, items: Any = ()) -> set:
     if type(items) is not list:  # protocol 3 pickles a set as builtins.set([items])
         raise _Malformed(f"a set built from a {type(items).__name__}")
+    machine.budget.spend("opcodes", len(items))
     return {machine.key(item) for item in items}
 
 
@@ -222,11 +232,12 @@ def _load_storage(machine: _PickleMachine, payload: Any) -> _Storage:
     bytes declare, before seeing whether the bytes are there."""
     if type(payload) is not bytes:
         raise _Malformed(f"a storage given as a {type(payload).__name__}, not bytes")
+    machine.budget.spend("storage_bytes", len(payload))
     stream = _BoundedStream(io.BytesIO(payload), len(payload))
     records: list[_StorageRecord] = []
 
     def header() -> Any:
-        return _PickleMachine(stream, _STORAGE_GLOBALS, MAX_STORAGE_HEADER_OPCODES, 0, records.append).load()
+        return _PickleMachine(stream, _STORAGE_GLOBALS, machine.budget, records.append).load()
 
     magic, protocol, system = header(), header(), header()
     if (type(magic), type(protocol)) != (int, int) or (magic, protocol) != (_LEGACY_MAGIC, _LEGACY_PROTOCOL):
@@ -294,7 +305,7 @@ def _rebuild_tensor(
             f"a tensor of shape {list(size)} at offset {storage_offset} reaching outside its storage of {available} "
             "values"
         )
-    machine.spend_tensor_bytes(numel * storage.flat.element_size())
+    machine.budget.spend("tensor_bytes", numel * storage.flat.element_size())
     return storage.flat.as_strided(size, stride, storage_offset)
 
 
@@ -503,6 +514,30 @@ class _BoundedStream:
         return line
 
 
+@dataclass
+class _Budget:
+    """What one file may still make the reader do, shared by its pickle and the pickles inside its storages. A
+    pickle can refer back to what it built (the memo) as often as it likes for a few bytes each time, so work and
+    bytes are counted where they are spent, not where the file spells them: storages' values and tensors' values
+    each add up to at most the file's size, as they do in a file where each is written once."""
+
+    opcodes: int
+    storage_bytes: int
+    tensor_bytes: int
+
+    def spend(self, what: str, amount: int) -> None:
+        left = getattr(self, what) - amount
+        setattr(self, what, left)
+        if left < 0:
+            raise _Malformed(
+                {
+                    "opcodes": f"it takes more than {MAX_OPCODES:,} pickle opcodes and items to read",
+                    "storage_bytes": "its storages add up to more bytes than the file holds (one storage read again)",
+                    "tensor_bytes": "its tensors add up to more bytes than the file holds (views that overlap)",
+                }[what]
+            )
+
+
 class _PickleMachine:
     """Runs a pickle's opcodes (decoded by `pickletools.genops`) on a stack of plain data; see `_OPCODES`. Globals
     resolve through `globals_table` only; BINPERSID goes to `persistent_load` where one is given."""
@@ -511,12 +546,11 @@ class _PickleMachine:
         self,
         stream: _BoundedStream,
         globals_table: dict[tuple[str, str], tuple[Any, str]],
-        max_opcodes: int,
-        tensor_bytes: int,
+        budget: _Budget,
         persistent_load: Callable[[_StorageRecord], None] | None = None,
     ):
-        self.stream, self.globals_table, self.opcodes_left = stream, globals_table, max_opcodes
-        self.tensor_bytes_left, self.persistent_load = tensor_bytes, persistent_load
+        self.stream, self.globals_table, self.budget = stream, globals_table, budget
+        self.persistent_load = persistent_load
         self.handlers = {name: getattr(self, method) for name, (method, _) in _OPCODES.items()}
         self.stack: list[Any] = []
         self.marks: list[int] = []
@@ -525,9 +559,7 @@ class _PickleMachine:
 
     def load(self) -> Any:
         for opcode, arg, _ in pickletools.genops(self.stream):
-            self.opcodes_left -= 1
-            if self.opcodes_left < 0:
-                raise _Malformed(f"it runs more than {MAX_OPCODES:,} pickle opcodes")
+            self.budget.spend("opcodes", 1)
             handler = self.handlers.get(opcode.name)
             if handler is None:
                 raise _Refused(f"it uses the pickle opcode {opcode.name}, which no NVlabs network pickle has")
@@ -535,11 +567,6 @@ class _PickleMachine:
         if len(self.result) != 1:
             raise _Truncated("it ends early (truncated)")
         return self.result[0]
-
-    def spend_tensor_bytes(self, count: int) -> None:
-        self.tensor_bytes_left -= count
-        if self.tensor_bytes_left < 0:
-            raise _Malformed("its tensors add up to more bytes than the file holds (views that overlap)")
 
     # -- the opcodes (see _OPCODES)
 
@@ -776,7 +803,8 @@ def read_pickle(path: str | Path, key: str = "source") -> dict[str, Any]:
             if handle.read(4) == b"PK\x03\x04":
                 raise _Refused("it is a torch.save file (a zip archive), not a pickle")
             handle.seek(0)
-            data = _PickleMachine(_BoundedStream(handle, size), _GLOBALS, MAX_OPCODES, size).load()
+            budget = _Budget(opcodes=MAX_OPCODES, storage_bytes=size, tensor_bytes=size)
+            data = _PickleMachine(_BoundedStream(handle, size), _GLOBALS, budget).load()
         if type(data) is dict and all(type(data.get(k)) is PersistentObject for k in NETWORK_KEYS):
             for network in (*(data[k] for k in NETWORK_KEYS), data.get("augment_pipe")):
                 if type(network) is PersistentObject:
