@@ -28,7 +28,13 @@ LAYERS: list[tuple[str, ...]] = [
     # no Pixelsmith import at all (config.choices: the schemas' choice fields; config.rules: range rules)
     # (parts: finds the optional model parts at run time, by their part.py, without importing them by name)
     ("errors", "hashing", "run.launch", "config.choices", "parts", "config.argv_options"),
-    ("config.paths", "safe_load", "config.rules"),  # where the config tree and data live; user files as data
+    (
+        "config.paths",
+        "safe_load",
+        "config.rules",
+        "config.hydra_errors",
+    ),  # config tree and data; user files as data;
+    # Hydra's composition errors as paragraphs
     ("core",),  # the training core (loop bookkeeping, optimizers, precision, strategies) and its schemas
     ("hardware.schema",),  # the hardware/precision/strategy schemas
     ("hardware.settings",),  # profiles -> the one set of hardware settings

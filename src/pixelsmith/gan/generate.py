@@ -601,11 +601,13 @@ def run(cfg: DictConfig) -> dict[str, Any]:
 
 def main() -> None:
     """`python generate.py` / `pixelsmith-generate`: Hydra composes conf/generate.yaml (the packaged tree in a plain
-    install); a PixelsmithError is one paragraph on stderr and exit 2, never a traceback."""
+    install); a PixelsmithError, and a command line Hydra refuses (`config.hydra_errors`), is one paragraph on stderr
+    and exit 2, never a traceback."""
     import sys
 
     import hydra
 
+    from pixelsmith.config.hydra_errors import report_composition_errors
     from pixelsmith.config.paths import CONF_DIR
 
     @hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name="generate")
@@ -616,4 +618,4 @@ def main() -> None:
             print(f"error: {err}", file=sys.stderr)
             sys.exit(2)
 
-    _main()
+    report_composition_errors(_main)
