@@ -301,14 +301,40 @@ def validate_config(cfg: DictConfig) -> None:
             )
     problems += _objective_problems(cfg)
     problems += _schedule_problems(cfg)
+    _raise_problems(problems, "train.py")
+    _warn_odd_combinations(cfg)
+
+
+# What `evaluate.py` reads of its composed config (the model and data come from the checkpoint): its rules only, so
+# a training-only key (eval.monitor, objective) never refuses an evaluation.
+EVALUATION_KEYS = (
+    "eval.num_samples",
+    "eval.batch_size",
+    "eval.reference_samples",
+    "eval.metrics",
+    "hardware.",
+)
+
+
+def validate_evaluation_config(cfg: DictConfig) -> None:
+    """`validate_config` for evaluate.py: the rules of the keys it reads, the environment, keys nothing reads."""
+    problems = environment_problems() + _unknown_root_keys(cfg) + _unknown_typed_keys(cfg)
+    for rule in RULES:
+        if rule.key.startswith(EVALUATION_KEYS):
+            present, value = _lookup(cfg, rule.key)
+            if present and not rule.ok(value):
+                problems.append(f"{rule.key}={value!r} {rule.requirement}; e.g. {rule.key}={rule.example}.")
+    _raise_problems(problems, "evaluate.py")
+
+
+def _raise_problems(problems: list[str], program: str) -> None:
     if problems:
         listed = " ".join(f"({i}) {p}" for i, p in enumerate(problems, 1))
         raise ConfigValueError(
             f"The run config has {len(problems)} invalid value(s), found before anything was written: {listed} "
-            "Fix them on the command line or in your config file; `python train.py --cfg job` prints the "
+            f"Fix them on the command line or in your config file; `python {program} --cfg job` prints the "
             "composed config."
         )
-    _warn_odd_combinations(cfg)
 
 
 def _schedule_problems(cfg: DictConfig) -> list[str]:

@@ -17,6 +17,7 @@ from hydra.utils import get_class, get_method
 from omegaconf import DictConfig, OmegaConf
 
 from pixelsmith.callbacks.evaluation import build_gan_metric, generate_into
+from pixelsmith.config.validate import validate_evaluation_config
 from pixelsmith.core.config import CoreSettings
 from pixelsmith.errors import PixelsmithError
 from pixelsmith.hardware.settings import apply_hardware
@@ -68,7 +69,19 @@ def _check_generates_images(ckpt_path: Path, model_cfg: DictConfig) -> None:
     )
 
 
+def check_command(cfg: DictConfig) -> None:
+    """evaluate.py's own options, at start-up (before a checkpoint is read or an image generated): a checkpoint is
+    given, and the keys it reads are in range (`validate_evaluation_config`)."""
+    if OmegaConf.is_missing(cfg, "ckpt_path") or not cfg.get("ckpt_path"):
+        raise PixelsmithError(
+            "evaluate.py measures a checkpoint, and none is given: add ckpt_path=<a run's checkpoints/last.ckpt> (or "
+            "an NVlabs network .pkl), e.g. python evaluate.py ckpt_path=outputs/train/runs/<run>/checkpoints/last.ckpt."
+        )
+    validate_evaluation_config(cfg)
+
+
 def evaluate(cfg: DictConfig) -> dict[str, float]:
+    check_command(cfg)
     read_by_a_part = any(
         str(cfg.ckpt_path).lower().endswith(suffix) for suffix, _ in contributed("CHECKPOINT_READERS")
     )
