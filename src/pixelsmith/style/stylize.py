@@ -678,6 +678,12 @@ def _run_devices(options: StylizeOptions) -> int:
 def stylize_paths_checks(options: StylizeOptions) -> None:
     """The option checks `stylize_paths` makes, for a job about to start processes."""
     _check_tile(options.tile)
+    workers = str(options.workers).strip().lower()
+    if workers != "auto" and not (workers.isdigit() and int(workers) >= 0):
+        raise StylizeInputError(
+            f"workers={options.workers}: give the codec worker processes per device, 0 or more (0: decode and "
+            "encode inline), or auto."
+        )
     if not 0 <= options.png_compress_level <= 9:
         raise StylizeInputError(
             f"png_compress_level={options.png_compress_level} must be in 0..9 (0: none, 9: smallest)."
@@ -737,6 +743,61 @@ def check_destinations(options: StylizeOptions) -> None:
         )
 
 
+def _same_file(a: Path, b: Path) -> bool:
+    """One file under two names: the same path once resolved, or (both existing) the same inode (a hard link, a
+    case-insensitive filesystem's other spelling)."""
+    if a.resolve() == b.resolve():
+        return True
+    try:
+        return a.exists() and b.exists() and os.path.samefile(a, b)
+    except OSError:
+        return False
+
+
+def _inside(path: Path, folder: Path) -> bool:
+    resolved, root = path.resolve(), folder.resolve()
+    return resolved == root or root in resolved.parents
+
+
+def check_outputs_spare_inputs(options: StylizeOptions) -> None:
+    """Refuse, at start-up, an output that is or lies inside one of the command's inputs (the photos, the style
+    image, the checkpoint): `input=p.png output=p.png` would replace the photo with its stylized version, and
+    `input=dir output=dir` (or an output folder inside the input folder) every original, or feed a later run its
+    own outputs. Also an export that would replace the checkpoint."""
+    sources: list[tuple[str, Path]] = [("ckpt_path", Path(options.ckpt_path or "").expanduser())]
+    if options.style is not None:
+        sources.append(("style", Path(options.style).expanduser()))
+    planned: list[tuple[str, Path]] = []
+    if options.input is not None and options.output is not None:
+        inputs, output = Path(options.input).expanduser(), Path(options.output).expanduser()
+        if inputs.is_dir() and (_inside(output, inputs) or _same_file(output, inputs)):
+            raise StylizeInputError(
+                f"output={options.output} is {'the input folder' if _same_file(output, inputs) else 'inside the input folder'} "
+                f"input={options.input}: its stylized images would replace the originals, or be stylized again by "
+                f"the next run. Nothing was written. Give an output folder outside it, e.g. output="
+                f"{inputs.resolve().parent / (inputs.resolve().name + '_stylized')}."
+            )
+        pairs = plan_outputs(inputs, output, options.format)
+        sources += [("input", source) for source, _ in pairs]
+        planned += [("output", target) for _, target in pairs]
+    if options.export_dir is not None:
+        folder = Path(options.export_dir).expanduser()
+        planned += [("export_dir", folder / f"stylizer{suffix}") for suffix in (".pt", ".onnx")]
+    resolved = {source.resolve(): (key, source) for key, source in sources}
+    for key, target in planned:
+        hit = resolved.get(target.resolve())
+        if hit is None and target.exists():
+            hit = next(((k, s) for k, s in sources if _same_file(target, s)), None)
+        if hit is not None:
+            source_key, source = hit
+            raise StylizeInputError(
+                f"{key}={target} would overwrite {source_key}={source}, one of this command's inputs: stylize.py "
+                "never replaces what it reads. Nothing was written. Give an output of its own, e.g. "
+                f"output={target.with_name(target.stem + '_stylized' + target.suffix)}, or a folder outside the "
+                "inputs."
+            )
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or any(a in ("-h", "--help", "help") for a in argv):
@@ -751,6 +812,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 "input=... and output=... are required (or export_dir=... to only export)."
             )
         check_destinations(options)  # before the model loads and any image is read: minutes may follow
+        check_outputs_spare_inputs(options)
         if options.input is not None:
             stylize_paths_checks(
                 options
