@@ -777,7 +777,10 @@ def check_outputs_spare_inputs(options: StylizeOptions) -> None:
                 f"the next run. Nothing was written. Give an output folder outside it, e.g. output="
                 f"{inputs.resolve().parent / (inputs.resolve().name + '_stylized')}."
             )
-        pairs = plan_outputs(inputs, output, options.format)
+        try:
+            pairs = plan_outputs(inputs, output, options.format)
+        except (StylizeInputError, ImageReadError):
+            pairs = []  # no input, or no images in it: said where the job plans its outputs, as before
         sources += [("input", source) for source, _ in pairs]
         planned += [("output", target) for _, target in pairs]
     if options.export_dir is not None:
@@ -812,11 +815,11 @@ def main(argv: Sequence[str] | None = None) -> int:
                 "input=... and output=... are required (or export_dir=... to only export)."
             )
         check_destinations(options)  # before the model loads and any image is read: minutes may follow
-        check_outputs_spare_inputs(options)
         if options.input is not None:
             stylize_paths_checks(
                 options
             )  # a bad option or a codec not installed: said before the model loads
+        check_outputs_spare_inputs(options)
         model = load_stylizer_from_checkpoint(options.ckpt_path)
         if options.export_dir is not None:
             from pixelsmith.style.export import export_stylizer

@@ -155,9 +155,10 @@ def _stages(
             f"R3GAN at data.resolution={resolution} has {stages} stages (4x4 up to {resolution}x{resolution}), so "
             f"model.{net}.widths {list(widths)}, model.{net}.groups {list(groups)} and model.{net}.blocks {blocks} "
             f"must each list {stages} values, one per stage from 4x4 up. Give {stages} of each (e.g. "
-            f"model.{net}.widths=[{','.join([str(widths[0])] * stages)}] "
-            f"model.{net}.groups=[{','.join([str(groups[0])] * stages)}]), or the resolution these lists are for"
-            + (f" (data.resolution={preset})." if len(widths) == len(groups) else ".")
+            f"model.{net}.widths=[{','.join([str(widths[0] if widths else 768)] * stages)}] "
+            f"model.{net}.groups=[{','.join([str(groups[0] if groups else 96)] * stages)}]), or the resolution these "
+            "lists are for"
+            + (f" (data.resolution={preset})." if widths and len(widths) == len(groups) else ".")
         )
     return list(widths), list(groups), blocks
 
