@@ -220,6 +220,8 @@ class NewRunDirOnly(ClaimRunDirFirst):
     stderr and exit status 2. A sweep's dir is checked as training's (`ClaimRunDirFirst.on_multirun_start`)."""
 
     def on_run_start(self, config: DictConfig, **kwargs: Any) -> None:
+        if global_rank() != 0:  # a launcher's other ranks share rank 0's new dir, which rank 0 checked
+            return
         subdir = OmegaConf.select(config, "hydra.output_subdir")
         try:
             check_new_run_dir(
