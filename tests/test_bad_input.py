@@ -302,6 +302,13 @@ def _finished_checkpoint(tmp: Path, model: str, iteration: int) -> Path:
     return path
 
 
+def _hard_link(photo: Path, link: Path) -> Path:
+    """`photo` (made by `_stylize`'s arguments first) under a second name."""
+    _png(photo, 40, 32)
+    os.link(photo, link)
+    return photo
+
+
 def _generate(tmp: Path, *extra: str) -> list[str]:
     return [f"ckpt_path={PKL}", "progress_bar=false", "device=cpu", f"outdir={tmp / 'images'}", *extra]
 
@@ -313,6 +320,15 @@ CASES += [
         "output is the input photo",
         lambda t: _stylize(t, input=str(t / "photos" / "a.png"), output=str(t / "photos" / "a.png")),
         ("output=", "would overwrite input=", "Nothing was written", "a_stylized.png"),
+        untouched=True,
+    ),
+    Case(
+        "stylize",
+        "output is another name of the input photo (a hard link)",
+        lambda t: _stylize(
+            t, input=str(_hard_link(t / "photos" / "a.png", t / "link.png")), output=str(t / "link.png")
+        ),
+        ("would overwrite input=",),
         untouched=True,
     ),
     Case(

@@ -743,39 +743,44 @@ def check_destinations(options: StylizeOptions) -> None:
         )
 
 
-def _same_file(a: Path, b: Path) -> bool:
-    """One file under two names: the same path once resolved, or (both existing) the same inode (a hard link, a
-    case-insensitive filesystem's other spelling)."""
-    if a.resolve() == b.resolve():
-        return True
+def _file_id(path: Path) -> tuple[int, int] | None:
+    """(device, inode) of an existing file: one file under two names (a hard link, a case-insensitive filesystem's
+    other spelling) has one id."""
     try:
-        return a.exists() and b.exists() and os.path.samefile(a, b)
+        stat = path.stat()
     except OSError:
-        return False
+        return None
+    return stat.st_dev, stat.st_ino
 
 
 def _inside(path: Path, folder: Path) -> bool:
     resolved, root = path.resolve(), folder.resolve()
-    return resolved == root or root in resolved.parents
+    folder_id = _file_id(folder)
+    return (
+        resolved == root
+        or root in resolved.parents
+        or (folder_id is not None and _file_id(path) == folder_id)
+    )
 
 
 def check_outputs_spare_inputs(options: StylizeOptions) -> None:
     """Refuse, at start-up, an output that is or lies inside one of the command's inputs (the photos, the style
     image, the checkpoint): `input=p.png output=p.png` would replace the photo with its stylized version, and
     `input=dir output=dir` (or an output folder inside the input folder) every original, or feed a later run its
-    own outputs. Also an export that would replace the checkpoint."""
+    own outputs. Also an export that would replace the checkpoint. Compared by resolved path and, for files that
+    exist, by (device, inode): one stat per file."""
     sources: list[tuple[str, Path]] = [("ckpt_path", Path(options.ckpt_path or "").expanduser())]
     if options.style is not None:
         sources.append(("style", Path(options.style).expanduser()))
     planned: list[tuple[str, Path]] = []
     if options.input is not None and options.output is not None:
         inputs, output = Path(options.input).expanduser(), Path(options.output).expanduser()
-        if inputs.is_dir() and (_inside(output, inputs) or _same_file(output, inputs)):
+        if inputs.is_dir() and _inside(output, inputs):
+            where = "the input folder" if _file_id(output) == _file_id(inputs) else "inside the input folder"
             raise StylizeInputError(
-                f"output={options.output} is {'the input folder' if _same_file(output, inputs) else 'inside the input folder'} "
-                f"input={options.input}: its stylized images would replace the originals, or be stylized again by "
-                f"the next run. Nothing was written. Give an output folder outside it, e.g. output="
-                f"{inputs.resolve().parent / (inputs.resolve().name + '_stylized')}."
+                f"output={options.output} is {where} input={options.input}: its stylized images would replace the "
+                "originals, or be stylized again by the next run. Nothing was written. Give an output folder "
+                f"outside it, e.g. output={inputs.resolve().parent / (inputs.resolve().name + '_stylized')}."
             )
         try:
             pairs = plan_outputs(inputs, output, options.format)
@@ -786,19 +791,22 @@ def check_outputs_spare_inputs(options: StylizeOptions) -> None:
     if options.export_dir is not None:
         folder = Path(options.export_dir).expanduser()
         planned += [("export_dir", folder / f"stylizer{suffix}") for suffix in (".pt", ".onnx")]
-    resolved = {source.resolve(): (key, source) for key, source in sources}
+    by_path = {source.resolve(): (key, source) for key, source in sources}
+    by_id = {file_id: (key, source) for key, source in sources if (file_id := _file_id(source)) is not None}
     for key, target in planned:
-        hit = resolved.get(target.resolve())
-        if hit is None and target.exists():
-            hit = next(((k, s) for k, s in sources if _same_file(target, s)), None)
-        if hit is not None:
-            source_key, source = hit
-            raise StylizeInputError(
-                f"{key}={target} would overwrite {source_key}={source}, one of this command's inputs: stylize.py "
-                "never replaces what it reads. Nothing was written. Give an output of its own, e.g. "
-                f"output={target.with_name(target.stem + '_stylized' + target.suffix)}, or a folder outside the "
-                "inputs."
-            )
+        hit = by_path.get(target.resolve()) or by_id.get(_file_id(target))
+        if hit is None:
+            continue
+        source_key, source = hit
+        instead = (
+            f"output={target.with_name(target.stem + '_stylized' + target.suffix)}, or a folder outside the inputs"
+            if key == "output"
+            else "export_dir=<a folder of its own>"
+        )
+        raise StylizeInputError(
+            f"{key}={target} would overwrite {source_key}={source}, one of this command's inputs: stylize.py never "
+            f"replaces what it reads. Nothing was written. Give an output of its own, e.g. {instead}."
+        )
 
 
 def main(argv: Sequence[str] | None = None) -> int:
