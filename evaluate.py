@@ -13,6 +13,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent / "src"))
 import hydra
 from omegaconf import DictConfig
 
+from pixelsmith.config.hydra_errors import report_composition_errors
 from pixelsmith.config.paths import register_resolvers
 from pixelsmith.config.schema import register_configs
 from pixelsmith.hardware.settings import register_detected_profile
@@ -31,4 +32,4 @@ def main(cfg: DictConfig) -> float | None:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(report_composition_errors(main))

@@ -17,6 +17,7 @@ import logging
 import hydra
 from omegaconf import DictConfig
 
+from pixelsmith.config.hydra_errors import report_composition_errors
 from pixelsmith.config.paths import register_resolvers
 from pixelsmith.config.schema import register_configs
 from pixelsmith.hardware.settings import register_detected_profile
@@ -36,4 +37,4 @@ def main(cfg: DictConfig) -> float | None:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(report_composition_errors(main))

@@ -29,11 +29,11 @@ LAYERS: list[tuple[str, ...]] = [
     # (parts: finds the optional model parts at run time, by their part.py, without importing them by name)
     # (owned_outputs: what overwrite=true may replace, for the commands that write datasets and checkpoints)
     ("errors", "hashing", "run.launch", "config.choices", "parts", "config.argv_options", "owned_outputs"),
-    ("config.paths", "safe_load", "config.rules"),  # where the config tree and data live; user files as data
-    (
-        "core",
-        "config.stored",
-    ),  # the training core (loop bookkeeping, optimizers, precision, strategies) and its schemas
+    # where the config tree and data live; user files as data; Hydra's composition errors as paragraphs
+    ("config.paths", "safe_load", "config.rules", "config.hydra_errors"),
+    # the training core (loop bookkeeping, optimizers, precision, strategies) and its schemas; a checkpoint's stored
+    # config checked as data
+    ("core", "config.stored"),
     ("hardware.schema",),  # the hardware/precision/strategy schemas
     ("hardware.settings",),  # profiles -> the one set of hardware settings
     ("run.build",),  # hardware settings, core settings, datamodule and model from the composed config

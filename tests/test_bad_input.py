@@ -13,6 +13,7 @@ from __future__ import annotations
 import importlib.util
 import io
 import json
+import os
 import zipfile
 from collections import Counter
 from collections.abc import Callable
@@ -32,12 +33,16 @@ from tests.test_config_ranges import BAD_VALUES
 
 @dataclass
 class Case:
-    entry: str  # train | evaluate | stylize | prepare
+    entry: str  # train | evaluate | generate | stylize | prepare
     name: str
     args: Callable[
         [Path], list[str]
-    ]  # overrides (train, evaluate) or key=value arguments, given a scratch folder
+    ]  # overrides (train, evaluate, generate) or key=value arguments, given a scratch folder
     words: tuple[str, ...]  # what the paragraph must say: the cause and the fix
+    env: Callable[[Path], dict[str, str]] | None = (
+        None  # environment variables set for the case, given the folder
+    )
+    untouched: bool = False  # nothing in the scratch folder is written, changed or removed by the refusal
 
 
 def _png(path: Path, width: int, height: int, level: int = 90) -> Path:
@@ -316,11 +321,277 @@ CASES += [
 ]
 
 
+# ---- Command lines a new user tried at stylize.py, evaluate.py, generate.py and train.py, and Hydra's own refusals
+# of a command line (an unknown option, a wrong type, a key no schema has), each now one paragraph at start-up.
+# `untouched`: the user's files (the photo, the training run's record) are byte for byte what they were.
+PKL = Path(__file__).resolve().parent / "fixtures" / "nvlabs" / "sg2ada_resnet_32px.pkl"
+GAN_PART = importlib.util.find_spec("pixelsmith.gan") is not None
+
+
+def _training_run(tmp: Path) -> Path:
+    """What a finished training run leaves in its dir (the parts evaluate.py must not replace)."""
+    run = tmp / "trained"
+    (run / ".hydra").mkdir(parents=True)
+    (run / ".hydra" / "overrides.yaml").write_text("- max_steps=2\n")
+    (run / RUN_MARKER).write_text("max_steps: 2\n")
+    (run / "checkpoints").mkdir()
+    (run / "checkpoints" / "last.ckpt").write_bytes(b"a checkpoint")
+    return run
+
+
+def _finished_checkpoint(tmp: Path, model: str, iteration: int) -> Path:
+    """A checkpoint of `model` at `iteration` (its run finished there), with its stored run config."""
+    path = tmp / f"{model}.ckpt"
+    torch.save(
+        {
+            "state_dict": {"net.weight": torch.zeros(2)},
+            "pixelsmith": {"iteration": iteration},
+            "pixelsmith_config": {"model": {"name": model}, "max_steps": iteration},
+        },
+        path,
+    )
+    return path
+
+
+def _hard_link(photo: Path, link: Path) -> Path:
+    """`photo` (made by `_stylize`'s arguments first) under a second name."""
+    _png(photo, 40, 32)
+    os.link(photo, link)
+    return photo
+
+
+def _generate(tmp: Path, *extra: str) -> list[str]:
+    return [f"ckpt_path={PKL}", "progress_bar=false", "device=cpu", f"outdir={tmp / 'images'}", *extra]
+
+
+CASES += [
+    # stylize.py: an output that is, or lies inside, an input
+    Case(
+        "stylize",
+        "output is the input photo",
+        lambda t: _stylize(t, input=str(t / "photos" / "a.png"), output=str(t / "photos" / "a.png")),
+        ("output=", "would overwrite input=", "Nothing was written", "a_stylized.png"),
+        untouched=True,
+    ),
+    Case(
+        "stylize",
+        "output is another name of the input photo (a hard link)",
+        lambda t: _stylize(
+            t, input=str(_hard_link(t / "photos" / "a.png", t / "link.png")), output=str(t / "link.png")
+        ),
+        ("would overwrite input=",),
+        untouched=True,
+    ),
+    Case(
+        "stylize",
+        "output folder holds the input photo",
+        lambda t: _stylize(t, input=str(t / "photos" / "a.png"), output=str(t / "photos")),
+        ("would overwrite input=",),
+        untouched=True,
+    ),
+    Case(
+        "stylize",
+        "output is the input folder",
+        lambda t: _stylize(t, output=str(t / "photos")),
+        ("is the input folder", "photos_stylized"),
+        untouched=True,
+    ),
+    Case(
+        "stylize",
+        "output inside the input folder",
+        lambda t: _stylize(t, output=str(t / "photos" / "stylized")),
+        ("inside the input folder",),
+        untouched=True,
+    ),
+    Case("stylize", "negative workers", lambda t: _stylize(t, workers="-1"), ("workers=-1", "or auto")),
+    # evaluate.py
+    Case("evaluate", "no checkpoint", lambda t: [], ("ckpt_path=", "checkpoints/last.ckpt")),
+    Case(
+        "evaluate",
+        "unknown metric",
+        lambda t: [f"ckpt_path={t / 'x.ckpt'}", "eval.metrics=[fud]"],
+        ("eval.metrics=['fud']", "fid, kid, pr, is"),
+    ),
+    Case(
+        "evaluate",
+        "no samples",
+        lambda t: [f"ckpt_path={t / 'x.ckpt'}", "eval.num_samples=0"],
+        ("eval.num_samples=0", "at least 2", "eval.num_samples=2000"),
+    ),
+    Case(
+        "evaluate",
+        "into the training run's dir",
+        lambda t: [
+            f"ckpt_path={_training_run(t) / 'checkpoints' / 'last.ckpt'}",
+            f"hydra.run.dir={t / 'trained'}",
+        ],
+        ("hydra.run.dir=", "a training run", ".hydra/", "Leave hydra.run.dir unset"),
+        untouched=True,
+    ),
+    # generate.py (checked before the network loads, so the pickle is never read)
+    Case(
+        "generate",
+        "video on /proc",
+        lambda t: _generate(t, "mode=video", "seeds=[0,1]", "video.path=/proc/walk.gif"),
+        ("video.path=/proc/walk.gif", "cannot be written"),
+    ),
+    Case(
+        "generate",
+        "outdir is a file",
+        lambda t: [*_generate(t), f"outdir={_a_file(t)}"],
+        ("outdir=", "a file, not a folder"),
+        untouched=True,
+    ),
+    Case(
+        "generate",
+        "negative psi",
+        lambda t: _generate(t, "truncation_psi=-3"),
+        ("truncation_psi=-3", "[-1, 2]"),
+    ),
+    Case(
+        "generate",
+        "negative cutoff",
+        lambda t: _generate(t, "truncation_cutoff=-1"),
+        ("truncation_cutoff=-1",),
+    ),
+    Case(
+        "generate",
+        "noise mode",
+        lambda t: _generate(t, "noise_mode=bogus"),
+        ("noise_mode=bogus", "const, random"),
+    ),
+    Case("generate", "batch of 0", lambda t: _generate(t, "batch_size=0"), ("batch_size=0", "batch_size=16")),
+    Case(
+        "generate",
+        "grid of 0 columns",
+        lambda t: _generate(t, "mode=grid", "grid_columns=0"),
+        ("grid_columns=0",),
+    ),
+    Case(
+        "generate",
+        "projection target among the outputs",
+        lambda t: _generate(t, "mode=project", f"project.target={_png(t / 'images' / 'target.png', 32, 32)}"),
+        ("project.target=", "would be overwritten", "outdir="),
+        untouched=True,
+    ),
+    # train.py: ranges, checkpoints of another model, the environment
+    Case("train", "z_dim 0", lambda t: ["model.generator.z_dim=0"], ("model.generator.z_dim=0", "z_dim=128")),
+    Case(
+        "train",
+        "prometheus port",
+        lambda t: ["callbacks=prometheus", "callbacks.prometheus.port=99999"],
+        ("callbacks.prometheus.port=99999", "0..65535"),
+    ),
+    Case(
+        "train",
+        "a finished style checkpoint",
+        lambda t: [f"ckpt_path={_finished_checkpoint(t, 'style_fast', 5000)}"],
+        ("model: style_fast in the checkpoint, dcgan here", "leave out ckpt_path"),
+    ),
+    Case(
+        "train",
+        "a finished DCGAN checkpoint under model=stylegan2",
+        lambda t: [*SG2, "max_steps=2", f"ckpt_path={_finished_checkpoint(t, 'dcgan', 2)}"],
+        ("model: dcgan in the checkpoint, stylegan2 here",),
+    ),
+    Case(
+        "train",
+        "PIXELSMITH_CACHE a file",
+        lambda t: [],
+        ("PIXELSMITH_CACHE=", "a file, not a folder"),
+        env=lambda t: {"PIXELSMITH_CACHE": str(_a_file(t))},
+    ),
+    Case(
+        "train",
+        "PIXELSMITH_ROOT nowhere",
+        lambda t: [],
+        ("PIXELSMITH_ROOT=", "not a folder", "unset it"),
+        env=lambda t: {"PIXELSMITH_ROOT": str(t / "nonexistent")},
+    ),
+    Case("train", "no such model", lambda t: ["model=foo"], ("model group's options", "dcgan", "stylegan2")),
+    Case(
+        "train",
+        "optuna storage no driver opens",
+        lambda t: ["-m", "hparams_search=gan_optuna", "hydra.sweeper.storage=notadb://x"],
+        ("hydra.sweeper.storage=notadb://x", "sqlite:///"),
+    ),
+    # Hydra's own refusals, composing the config
+    Case(
+        "train",
+        "unknown precision",
+        lambda t: ["precision=8-mixed"],
+        ("precision=8-mixed", "config group precision", "16-mixed, 32-true, auto, bf16-mixed"),
+    ),
+    Case("train", "seed of the wrong type", lambda t: ["seed=abc"], ("seed=abc", "an integer", "seed=42")),
+    Case(
+        "train",
+        "a key of another model",
+        lambda t: ["model.generator.channel_base=0"],
+        ("model.generator.channel_base is not a key", "ngf", "model=stylegan2"),
+    ),
+    Case(
+        "train",
+        "R3GAN's lists at another resolution",
+        lambda t: ["model=r3gan", "data.resolution=16"],
+        ("data.resolution=16", "model.generator.widths", "3 values", "data.resolution=32"),
+    ),
+    Case("train", "an override Hydra cannot parse", lambda t: ["seed=[1"], ("'seed=[1'", "override grammar")),
+]
+
+
 def _refusal(case: Case, tmp: Path, capsys) -> str:
     """The paragraph the case is refused with; raises AssertionError when it is not refused cleanly."""
     args = case.args(tmp)
-    if case.entry in ("stylize", "prepare"):
-        if case.entry == "stylize":
+    before = _snapshot(tmp) if case.untouched else None
+    env = case.env(tmp) if case.env is not None else {}
+    saved = {key: os.environ.get(key) for key in env}
+    os.environ.update(env)
+    try:
+        message = _refusal_of(case.entry, args, tmp, capsys)
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+    if before is not None:
+        assert _snapshot(tmp) == before, "the refusal changed the user's files"
+    return message
+
+
+def _snapshot(folder: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(folder)): p.read_bytes() if p.is_file() else b"/" for p in folder.rglob("*")}
+
+
+def _one_line(said) -> str:
+    assert "Traceback" not in said.out + said.err
+    lines = [line for line in said.err.splitlines() if line.strip()]
+    assert len(lines) == 1, said.err
+    return lines[0]
+
+
+def _compose_with_hydra(overrides: list[str], config_name: str):
+    """The config as `@hydra.main` composes it, Hydra's own node included (its callbacks, its sweeper)."""
+    from hydra import compose, initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+
+    from pixelsmith.config.paths import CONF_DIR
+
+    GlobalHydra.instance().clear()
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        return compose(config_name=config_name, overrides=overrides, return_hydra_config=True)
+
+
+class _NoJobs:
+    """A sweep's launcher for a refusal: a refused sweep starts no job."""
+
+    def launch(self, *args, **kwargs):
+        raise AssertionError("a job was launched")
+
+
+def _refusal_of(entry: str, args: list[str], tmp: Path, capsys) -> str:
+    if entry in ("stylize", "prepare"):
+        if entry == "stylize":
             from pixelsmith.style.stylize import main
         else:
             from pixelsmith.data.prepare import main
@@ -329,25 +600,60 @@ def _refusal(case: Case, tmp: Path, capsys) -> str:
         code = main(args)
         said = capsys.readouterr()
         assert code == 2, f"exit status {code}"
-        assert "Traceback" not in said.out + said.err
-        lines = [line for line in said.err.splitlines() if line.strip()]
-        assert len(lines) == 1, said.err
-        return lines[0]
-    given = [a.split("=", 1)[1] for a in args if a.startswith("paths.output_dir=")]
+        return _one_line(said)
+    from hydra.errors import HydraException
+    from hydra.utils import instantiate
+    from omegaconf.errors import OmegaConfBaseException
+
+    from pixelsmith.config.hydra_errors import composition_error_message
+
+    given = [a.split("=", 1)[1] for a in args if a.startswith(("paths.output_dir=", "hydra.run.dir="))]
     run_dir = Path(given[0]) if given else tmp / "run"
     args = [a for a in args if not a.startswith("paths.output_dir=")]
     names_a_job = any(a.startswith(("model=", "experiment=")) for a in args)
     base = [*FAST] if names_a_job else [*FAST, *SMALL["dcgan"]]
-    if case.entry == "evaluate":
-        from pixelsmith.run.evaluate import evaluate
+    config_name = {"train": "train", "evaluate": "evaluate", "generate": "generate"}[entry]
+    overrides = {
+        "train": [*base, "max_steps=2", *args],
+        "evaluate": ["~local", "hardware=cpu", *args],
+        "generate": args,
+    }[entry]
+    sweep = "-m" in overrides
+    overrides = [o for o in overrides if o != "-m"]
+    hydra_run_dir = any(o.startswith("hydra.run.dir=") for o in overrides)
+    try:
+        if sweep or hydra_run_dir:
+            # What Hydra runs before the job: the run dir's callback, or the sweeper starting its study.
+            hydra_cfg = _compose_with_hydra(overrides, config_name)
+            capsys.readouterr()
+            try:
+                if sweep:
+                    sweeper = instantiate(hydra_cfg.hydra.sweeper)
+                    sweeper.config, sweeper.launcher = hydra_cfg, _NoJobs()
+                    sweeper.sweep([])
+                else:
+                    for callback in hydra_cfg.hydra.callbacks.values():
+                        instantiate(callback).on_run_start(hydra_cfg)
+            except SystemExit as stop:
+                assert stop.code == 2, f"exit status {stop.code}"
+                return _one_line(capsys.readouterr())
+            assert not sweep, "the sweep was not refused"
+        if entry == "generate":
+            from pixelsmith.gan.generate import run as job
 
-        cfg = compose_config(["~local", "hardware=cpu", *args], run_dir, "evaluate")
-        job = evaluate
-    else:
-        from pixelsmith.run.fit import run
+            cfg = compose_config(overrides, run_dir, "generate")
+        elif entry == "evaluate":
+            from pixelsmith.run.evaluate import evaluate as job
 
-        cfg = compose_config([*base, "max_steps=2", *args], run_dir)
-        job = run
+            cfg = compose_config(overrides, run_dir, "evaluate")
+        else:
+            from pixelsmith.run.fit import run as job
+
+            cfg = compose_config(overrides, run_dir)
+    except (HydraException, OmegaConfBaseException) as err:  # Hydra's refusal, as the entry points print it
+        message = composition_error_message(err)
+        assert message is not None, f"{type(err).__name__}: {err}"
+        return message
     try:
         job(cfg)
     except PixelsmithError as err:
@@ -355,8 +661,9 @@ def _refusal(case: Case, tmp: Path, capsys) -> str:
     else:
         raise AssertionError("not refused")
     assert "\n" not in message.strip(), message
-    # The run dir holds nothing that would make the corrected command refuse it (run_dir.RUN_MARKER).
-    assert not (run_dir / RUN_MARKER).exists() and not (run_dir / "checkpoints").exists()
+    if not given:
+        # The run dir holds nothing that would make the corrected command refuse it (run_dir.RUN_MARKER).
+        assert not (run_dir / RUN_MARKER).exists() and not (run_dir / "checkpoints").exists()
     return message
 
 
@@ -380,7 +687,11 @@ def test_every_bad_input_is_refused_cleanly_at_every_entry_point(tmp_path, capsy
         per_entry = ", ".join(f"{entry} {count}" for entry, count in sorted(refused.items()))
         print(f"\nbad inputs refused cleanly: {sum(refused.values())} of {total} ({per_entry})")
     assert not failures, "\n".join(failures)
-    entry_points = {"train", "evaluate", "prepare"} | ({"stylize"} if STYLE_PART else set())
+    entry_points = (
+        {"train", "evaluate", "prepare"}
+        | ({"stylize"} if STYLE_PART else set())
+        | ({"generate"} if GAN_PART else set())
+    )
     assert set(refused) == entry_points  # every entry point is covered
 
 
@@ -444,3 +755,53 @@ def test_prepare_skips_and_counts_images_far_smaller_than_the_resolution(tmp_pat
     assert "wrote 8 images" in said and "skipped 1: 1 ImageTooSmallError" in said and "speck.png: " in said
     with zipfile.ZipFile(tmp_path / "o.zip") as archive:
         assert json.loads(archive.read("dataset.json"))["labels"] is None
+
+
+@pytest.mark.slow  # several entry points started as a user starts them (about 5 s each)
+def test_the_entry_points_print_hydras_refusals_and_start_up_checks_as_one_paragraph(tmp_path):
+    """What only the running scripts show: Hydra's refusals (composing the config, before any Pixelsmith code runs)
+    and the run-dir callback's reach the user as one `[pixelsmith]` paragraph with exit status 2 and no traceback;
+    a refusal in the job (R3GAN's lists) too; and evaluate.py leaves a training run's `.hydra/` record as it was."""
+    from tests.conftest import run_cli
+
+    trained = _training_run(tmp_path)
+    record = _snapshot(trained)
+    commands = [
+        (["train.py", "precision=8-mixed"], "config group precision: choose one of 16-mixed, 32-true, auto"),
+        (
+            ["train.py", "-m", "precision=8-mixed"],
+            "config group precision",
+        ),  # a sweep's config, composed first
+        (["train.py", "seed=abc"], "seed takes an integer, e.g. seed=42"),
+        (["train.py", "model.generator.channel_base=0"], "It is a key of model=stylegan2"),
+        (
+            [
+                "train.py",
+                "hardware=cpu",
+                "model=r3gan",
+                "data.resolution=16",
+                f"hydra.run.dir={tmp_path / 'r3'}",
+            ],
+            "must each list 3 values",
+        ),
+        (["evaluate.py", "hardware=cpu", f"hydra.run.dir={tmp_path / 'e'}"], "none is given: add ckpt_path="),
+        (
+            ["evaluate.py", f"ckpt_path={trained / 'checkpoints' / 'last.ckpt'}", f"hydra.run.dir={trained}"],
+            "already holds another command's outputs",
+        ),
+    ]
+    if GAN_PART:
+        commands.append(
+            (
+                ["generate.py", f"ckpt_path={PKL}", "noise_mode=bogus", f"hydra.run.dir={tmp_path / 'g'}"],
+                "noise_mode=bogus: choose one of const, random, none",
+            )
+        )
+    for args, says in commands:
+        result = run_cli(args, timeout=300)
+        said = result.stdout + result.stderr
+        assert result.returncode == 2, (args, said[-2000:])
+        assert "Traceback" not in said and "HYDRA_FULL_ERROR" not in said, (args, said[-2000:])
+        lines = [line for line in said.splitlines() if says in line]
+        assert len(lines) == 1, (args, said[-2000:])
+    assert _snapshot(trained) == record  # no .run.lock, no replaced .hydra/overrides.yaml

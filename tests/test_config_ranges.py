@@ -232,10 +232,25 @@ BOUNDARIES: dict[str, tuple[list, list]] = {
     "profiler.torch_warmup": ([0], [-1]),
     "profiler.torch_active": ([1], [0]),
     "eval.every_n_steps": ([0], [-1]),
-    "eval.num_samples": ([1], [0]),
+    "eval.num_samples": ([2], [1, 0]),  # FID's covariance needs two images
     "eval.batch_size": ([1], [0]),
     "eval.reference_samples": ([1, None], [0]),
     "eval.metrics": ([["fid"], ["fid", "kid", "pr", "is"]], [[], ["fd"], None]),
+    "callbacks.prometheus.port": ([0, 65535], [-1, 65536, 99999, 9464.0, True]),
+    # The networks' sizes: a layer of 0 (or a negative number of) inputs or channels.
+    "model.generator.z_dim": ([1], [0, -1, 1.5]),
+    "model.generator.w_dim": ([1], [0]),
+    "model.generator.mapping_layers": ([1], [0]),
+    "model.generator.ngf": ([1], [0]),
+    "model.discriminator.ndf": ([1], [0]),
+    "model.discriminator.mbstd_group_size": ([1], [0]),
+    "<network>.channel_base": ([1], [0]),
+    "<network>.channel_max": ([1], [0]),
+    "<network>.widths": ([[1], [768, 768]], [[], [768, 0], None]),
+    "<network>.groups": ([[1], [96, 96]], [[], [0], None]),
+    "<network>.blocks": ([1, [1, 2]], [0, [], [2, 0]]),
+    "<network>.expansion": ([1], [0]),
+    "<network>.kernel": ([1, 3], [0, 2, -1]),
 }
 
 

@@ -328,6 +328,21 @@ def test_a_study_made_for_the_other_direction_is_refused_in_one_paragraph(tmp_pa
     assert "created to maximize" in message and "direction=minimize" in message and "study_name" in message
 
 
+@pytest.mark.parametrize("storage", ["notadb://x", "not a url", "sqlite:///{tmp}/a_file/s.db"])
+def test_a_storage_that_cannot_be_opened_is_refused_before_any_trial(tmp_path, capsys, storage):
+    """A URL no driver takes, one SQLAlchemy cannot parse, a SQLite file under a file: one paragraph naming
+    hydra.sweeper.storage, exit status 2, and no job launched (the stand-in launcher would record it)."""
+    (tmp_path / "a_file").write_text("not a folder")
+    sweeper = _sweeper(tmp_path, _loss, n_trials=1)
+    sweeper.storage = storage.format(tmp=tmp_path)
+    with pytest.raises(SystemExit) as stopped:
+        sweeper.sweep([])
+    assert stopped.value.code == 2
+    said = capsys.readouterr().err
+    assert f"hydra.sweeper.storage={sweeper.storage} cannot be opened" in said and said.count("\n") == 1
+    assert "Traceback" not in said and sweeper.launcher.launched == []
+
+
 def test_an_older_optuna_in_the_environment_is_refused_with_the_install_command(
     tmp_path, capsys, monkeypatch
 ):

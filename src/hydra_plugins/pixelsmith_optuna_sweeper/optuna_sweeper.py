@@ -201,15 +201,27 @@ class OptunaSweeper(Sweeper):
 
     def open_study(self, optuna: Any) -> Any:
         """Create the study, or continue the one the storage holds, with the configured sampler."""
-        if self.storage and self.storage.startswith("sqlite:///"):
-            # SQLite creates the database file but not its folder (outputs/<task>/ on a first sweep).
-            Path(self.storage[len("sqlite:///") :]).parent.mkdir(parents=True, exist_ok=True)
+        from sqlalchemy.exc import SQLAlchemyError  # Optuna's storage layer (a dependency of Optuna)
+
         try:
+            if self.storage and self.storage.startswith("sqlite:///"):
+                # SQLite creates the database file but not its folder (outputs/<task>/ on a first sweep).
+                Path(self.storage[len("sqlite:///") :]).parent.mkdir(parents=True, exist_ok=True)
             study = optuna.create_study(
                 study_name=self.study_name,
                 storage=self.storage,
                 direction=self.direction.name,
                 load_if_exists=True,  # Optuna's default sampler until the configured one is made, below
+            )
+        except (SQLAlchemyError, ImportError, OSError, ValueError) as err:
+            # A URL no database driver takes (notadb://x), a driver not installed, a folder that cannot be made, a
+            # server that does not answer: before any trial ran.
+            first = (str(err).strip().splitlines() or [type(err).__name__])[0][:300]
+            refuse(
+                f"hydra.sweeper.storage={self.storage} cannot be opened as the study's storage ({type(err).__name__}: "
+                f"{first}). Nothing was run. Give a database URL Optuna takes, e.g. hydra.sweeper.storage=sqlite:///"
+                "outputs/train/optuna.db (a file it creates), or hydra.sweeper.storage=null to keep the study in "
+                "memory (it ends with the sweep)."
             )
         except RuntimeError as err:
             if "storage upgrade" not in str(err):

@@ -11,6 +11,7 @@ import sys
 import hydra
 from omegaconf import DictConfig
 
+from pixelsmith.config.hydra_errors import report_composition_errors
 from pixelsmith.config.paths import CONF_DIR, register_resolvers
 from pixelsmith.config.schema import register_configs
 from pixelsmith.hardware.settings import register_detected_profile
@@ -22,10 +23,15 @@ register_detected_profile()  # hardware=auto composes this machine's profile (co
 
 
 @hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name="evaluate")
-def main(cfg: DictConfig) -> float | None:
+def _hydra_main(cfg: DictConfig) -> float | None:
     from pixelsmith.run.evaluate import evaluate
 
     return guarded_run(evaluate, cfg, objective="fid", ends_process=True)
+
+
+def main() -> float | None:
+    """The console script: Hydra's composition errors are one paragraph with exit status 2 (`config.hydra_errors`)."""
+    return report_composition_errors(_hydra_main)
 
 
 if __name__ == "__main__":

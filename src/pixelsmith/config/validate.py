@@ -13,11 +13,14 @@ from __future__ import annotations
 
 import difflib
 import logging
+import os
 from dataclasses import fields, is_dataclass
+from pathlib import Path
 from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
+from pixelsmith.config.paths import CONF_DIR
 from pixelsmith.config.rules import (
     EMA_HALF_LIFE,
     GENERAL_SCHEDULED_RANGES,
@@ -32,7 +35,7 @@ from pixelsmith.config.rules import (
 )
 from pixelsmith.config.schema import TrainConfig
 from pixelsmith.core.config import HOST_SYNC_MODES, SCHEDULES
-from pixelsmith.errors import PixelsmithError
+from pixelsmith.errors import PixelsmithError, UnwritableError, check_writable_folder
 from pixelsmith.parts import contributed
 
 log = logging.getLogger(__name__)
@@ -139,7 +142,12 @@ GENERAL_RULES: list[Rule] = [
     Rule("profiler.torch_warmup", non_negative, "must be >= 0", "1"),
     Rule("profiler.torch_active", positive_int, "must be at least 1 (the iterations recorded)", "3"),
     Rule("eval.every_n_steps", non_negative, "must be >= 0 (0 = no evaluation during training)", "500"),
-    Rule("eval.num_samples", positive_int, "must be at least 1", "2000"),
+    Rule(
+        "eval.num_samples",
+        lambda v: positive_int(v) and v >= 2,
+        "must be at least 2 (FID's covariance needs two generated images; a few thousand give a stable score)",
+        "2000",
+    ),
     Rule("eval.batch_size", positive_int, "must be at least 1", "250"),
     Rule("eval.reference_samples", optional(positive_int), "must be at least 1, or null (all)", "null"),
     Rule(
@@ -147,6 +155,12 @@ GENERAL_RULES: list[Rule] = [
         lambda v: isinstance(v, list | tuple) and bool(v) and all(m in METRIC_SCORES for m in v),
         f"must be a non-empty list of {', '.join(METRIC_SCORES)}",
         "[fid,kid,pr]",
+    ),
+    Rule(
+        "callbacks.prometheus.port",
+        lambda v: isinstance(v, int) and not isinstance(v, bool) and 0 <= v <= 65535,
+        "must be a TCP port in 0..65535 (0 picks a free one; below 1024 needs root)",
+        "9464",
     ),
 ]
 
@@ -221,9 +235,57 @@ def _unknown_typed_keys(cfg: DictConfig, prefix: str = "") -> list[str]:
     return problems
 
 
+def _missing_model(cfg: DictConfig) -> list[str]:
+    """`model` is an optional group (a fork may remove the default's part), so `model=<no such option>` composes
+    without a model instead of failing in Hydra: name the options here."""
+    node = cfg._get_node("model")
+    if node is None or not node._is_missing():
+        return []
+    options = sorted(
+        path.stem for path in (CONF_DIR / "model").glob("*.yaml") if not path.stem.startswith("_")
+    )
+    return [
+        f"model names none of the model group's options (conf/model/), so there is no model to build; choose one "
+        f"of {', '.join(options)} (e.g. model={options[0] if options else 'dcgan'})."
+    ]
+
+
+# Environment variables the config or the caches read: one that points nowhere would be ignored, or fail late.
+CACHE_VARIABLE = (
+    "PIXELSMITH_CACHE"  # FID statistics, image checks, the compile cache (under ~/.cache otherwise)
+)
+ROOT_VARIABLE = "PIXELSMITH_ROOT"  # paths.root_dir (conf/paths/default.yaml), else the working directory
+
+
+def environment_problems() -> list[str]:
+    """PIXELSMITH_CACHE that cannot hold a folder, and PIXELSMITH_ROOT that names no folder, each in one sentence."""
+    problems = []
+    cache = os.environ.get(CACHE_VARIABLE)
+    if cache:
+        try:
+            check_writable_folder(
+                cache,
+                CACHE_VARIABLE,
+                f"point {CACHE_VARIABLE} at a folder you can write (it is created if missing), or unset it for "
+                "~/.cache/pixelsmith.",
+            )
+        except UnwritableError as err:
+            problems.append(f"The environment variable {err}")
+    root = os.environ.get(ROOT_VARIABLE)
+    if root and not Path(root).expanduser().is_dir():
+        what = "a file" if Path(root).expanduser().exists() else "nothing"
+        problems.append(
+            f"The environment variable {ROOT_VARIABLE}={root} (paths.root_dir) names {what}, not a folder; point it "
+            f"at an existing folder, or unset it (paths.root_dir is then the working directory)."
+        )
+    return problems
+
+
 def validate_config(cfg: DictConfig) -> None:
     """Raise ConfigValueError listing every out-of-range value; log warnings for legal but odd combinations."""
-    problems = _unknown_root_keys(cfg) + _unknown_typed_keys(cfg)
+    problems = (
+        _missing_model(cfg) + environment_problems() + _unknown_root_keys(cfg) + _unknown_typed_keys(cfg)
+    )
     for rule in RULES:
         present, value = _lookup(cfg, rule.key)
         if present and not rule.ok(value):
@@ -239,14 +301,63 @@ def validate_config(cfg: DictConfig) -> None:
             )
     problems += _objective_problems(cfg)
     problems += _schedule_problems(cfg)
+    _raise_problems(problems, "train.py")
+    _warn_odd_combinations(cfg)
+
+
+# What `evaluate.py` reads of its composed config (the model and data come from the checkpoint): its rules only, so
+# a training-only key (eval.monitor, objective) never refuses an evaluation.
+EVALUATION_KEYS = (
+    "eval.num_samples",
+    "eval.batch_size",
+    "eval.reference_samples",
+    "eval.metrics",
+    "hardware.",
+)
+
+
+def validate_evaluation_config(cfg: DictConfig) -> None:
+    """`validate_config` for evaluate.py: the rules of the keys it reads, the environment, keys nothing reads."""
+    problems = environment_problems() + _unknown_root_keys(cfg) + _unknown_typed_keys(cfg)
+    for rule in RULES:
+        if rule.key.startswith(EVALUATION_KEYS):
+            present, value = _lookup(cfg, rule.key)
+            if present and not rule.ok(value):
+                problems.append(f"{rule.key}={value!r} {rule.requirement}; e.g. {rule.key}={rule.example}.")
+    _raise_problems(problems, "evaluate.py")
+
+
+# The sections of a run config that evaluate.py and generate.py take from a checkpoint (the rest is the command's).
+STORED_SECTIONS = ("model.", "data.", "augment.")
+
+
+def validate_stored_config(cfg: DictConfig) -> None:
+    """The rules of the sections a checkpoint's stored config gives (model, data, augment), on the config evaluate.py
+    builds from it: the ranges training checked when it wrote them, checked again because the file may have been
+    edited since (pixelsmith.config.stored checks classes and types; this checks values)."""
+    problems = []
+    for rule in RULES:
+        if rule.key.startswith(STORED_SECTIONS):
+            present, value = _lookup(cfg, rule.key)
+            if present and not rule.ok(value):
+                problems.append(f"{rule.key}={value!r} {rule.requirement}; e.g. {rule.key}={rule.example}.")
+    problems += _objective_problems(cfg) + _schedule_problems(cfg)
+    if problems:
+        listed = " ".join(f"({i}) {p}" for i, p in enumerate(problems, 1))
+        raise ConfigValueError(
+            f"The checkpoint's stored run config has {len(problems)} value(s) out of range: {listed} The file was "
+            "edited or damaged after training wrote it; nothing was built from it."
+        )
+
+
+def _raise_problems(problems: list[str], program: str) -> None:
     if problems:
         listed = " ".join(f"({i}) {p}" for i, p in enumerate(problems, 1))
         raise ConfigValueError(
             f"The run config has {len(problems)} invalid value(s), found before anything was written: {listed} "
-            "Fix them on the command line or in your config file; `python train.py --cfg job` prints the "
+            f"Fix them on the command line or in your config file; `python {program} --cfg job` prints the "
             "composed config."
         )
-    _warn_odd_combinations(cfg)
 
 
 def _schedule_problems(cfg: DictConfig) -> list[str]:

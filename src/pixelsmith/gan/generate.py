@@ -23,6 +23,7 @@ in one paragraph (exit 2); every file is written to a temporary name and renamed
 from __future__ import annotations
 
 import copy
+import importlib.util
 import math
 import os
 import tempfile
@@ -38,7 +39,7 @@ from omegaconf import DictConfig, OmegaConf
 from PIL import Image
 from torch import Tensor, nn
 
-from pixelsmith.errors import PixelsmithError
+from pixelsmith.errors import PixelsmithError, check_writable_folder
 
 MODES = ("images", "grid", "mixing", "video", "project")
 
@@ -490,7 +491,10 @@ def _device(name: str) -> torch.device:
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     if name.startswith("cuda") and not torch.cuda.is_available():
         raise GenerateError(f"device={name}, but no CUDA GPU is visible: give device=cpu (or auto).")
-    return torch.device(name)
+    try:
+        return torch.device(name)
+    except RuntimeError:
+        raise GenerateError(f"device={name}: give auto, cpu, cuda or cuda:N (a GPU's index).") from None
 
 
 def load(ckpt_path: str, device: str = "auto", noise_mode: str = "const") -> Generator:
@@ -529,21 +533,187 @@ class _Progress:
             self.bar.stop()
 
 
-def run(cfg: DictConfig) -> dict[str, Any]:
-    """The generate command's job (`generate.py`): writes into `outdir`, returns what it wrote."""
+NOISE_MODES = ("const", "random", "none")  # NVlabs' generate.py: click.Choice(['const', 'random', 'none'])
+# truncation_psi's range. NVlabs' generate.py takes any float; w = w_avg + psi (w - w_avg), so [0, 1) truncates toward
+# the average, (1, 2] spreads away from it, and [-1, 0) mirrors through it (StyleGAN's figure 8 shows psi down to
+# -1). Further out every image is an artefact of extrapolation; a value there is a typo far more often than a wish.
+PSI_RANGE = (-1.0, 2.0)
+SEED_LIMIT = 2**32  # numpy's RandomState takes seeds in [0, 2**32)
+
+
+def _integer(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _check_seeds(key: str, seeds: list[int]) -> None:
+    bad = [s for s in seeds if not 0 <= s < SEED_LIMIT]
+    if bad:
+        raise GenerateError(
+            f"{key}: seed {bad[0]} is outside 0..{SEED_LIMIT - 1} (NVlabs' seeds draw z with numpy's "
+            f"RandomState); give seeds in that range, e.g. {key}=0-7."
+        )
+
+
+def check_options(cfg: DictConfig) -> list[int]:
+    """Every option checked at start-up, before the network is read or an image made; returns the parsed seeds.
+    Refusals name the key and a valid value (bounds that need the network, such as truncation_cutoff's and
+    mixing.coarse_layers' upper ones, are checked once it is loaded, still before anything is written)."""
     mode = str(cfg.mode)
     if mode not in MODES:
         raise GenerateError(f"mode={mode}: choose one of {', '.join(MODES)}.")
     if not cfg.get("ckpt_path"):
         raise GenerateError("ckpt_path=... is required: a Pixelsmith checkpoint or an NVlabs network pickle.")
+    if str(cfg.noise_mode) not in NOISE_MODES:
+        raise GenerateError(
+            f"noise_mode={cfg.noise_mode}: choose one of {', '.join(NOISE_MODES)} (const: a converted network's "
+            "fixed noise maps, random: drawn per image from its seed, none: no noise)."
+        )
+    psi = cfg.truncation_psi
+    if not isinstance(psi, int | float) or isinstance(psi, bool) or not PSI_RANGE[0] <= psi <= PSI_RANGE[1]:
+        raise GenerateError(
+            f"truncation_psi={psi}: give a number in [{PSI_RANGE[0]:g}, {PSI_RANGE[1]:g}]: 1 is no truncation, 0.7 "
+            "NVlabs' usual, 0 the average image for every seed; below 0 mirrors through the average, above 1 "
+            "spreads away from it."
+        )
+    cutoff = cfg.get("truncation_cutoff")
+    if cutoff is not None and not (_integer(cutoff) and cutoff >= 1):
+        raise GenerateError(
+            f"truncation_cutoff={cutoff}: give the number of style layers to truncate, from the first (coarse) "
+            "one: 1 or more, or null for all of them."
+        )
+    class_idx = cfg.get("class_idx")
+    if class_idx is not None and not (_integer(class_idx) and class_idx >= 0):
+        raise GenerateError(f"class_idx={class_idx}: give a class label (0 or more), or null for none.")
+    if not (_integer(cfg.batch_size) and cfg.batch_size >= 1):
+        raise GenerateError(
+            f"batch_size={cfg.batch_size}: give 1 or more images per batch, e.g. batch_size=16."
+        )
+    columns = cfg.get("grid_columns")
+    if columns is not None and not (_integer(columns) and columns >= 1):
+        raise GenerateError(f"grid_columns={columns}: give 1 or more columns, or null for a square-ish grid.")
+    _device(str(cfg.device))
+    seeds = parse_seeds(cfg.seeds)
+    _check_seeds("seeds", seeds)
+    if mode in ("images", "grid") and not seeds:
+        raise GenerateError("seeds=... is empty: give the seeds to draw, e.g. seeds=0-7.")
+    if mode == "mixing":
+        for key in ("row_seeds", "col_seeds"):
+            found = parse_seeds(cfg.mixing[key])
+            if not found:
+                raise GenerateError(
+                    f"mixing.{key} is empty: give one seed or more, e.g. mixing.{key}=[0,1,2]."
+                )
+            _check_seeds(f"mixing.{key}", found)
+        if not (_integer(cfg.mixing.coarse_layers) and cfg.mixing.coarse_layers >= 1):
+            raise GenerateError(
+                f"mixing.coarse_layers={cfg.mixing.coarse_layers}: give 1 or more (the style layers taken from the "
+                "row's seed; NVlabs: 4)."
+            )
+    if mode == "video":
+        if len(seeds) < 2:
+            raise GenerateError(
+                f"mode=video interpolates between seeds: give two or more, got seeds={seeds}."
+            )
+        for key, example in (("frames_per_transition", 30), ("fps", 30)):
+            value = cfg.video[key]
+            if not (_integer(value) and value >= 1):
+                raise GenerateError(f"video.{key}={value}: give 1 or more, e.g. video.{key}={example}.")
+        suffix = Path(str(cfg.video.path)).suffix.lower()
+        if suffix not in (".gif", ".mp4"):
+            raise GenerateError(
+                f"video.path={cfg.video.path}: give a .gif (Pillow) or .mp4 (imageio[ffmpeg]) file name."
+            )
+        if suffix == ".mp4" and importlib.util.find_spec("imageio") is None:
+            raise GenerateError(
+                "An MP4 needs imageio with its ffmpeg plugin: pip install 'pixelsmith[video]' (imageio[ffmpeg]); "
+                "or write a GIF with video.path=interpolation.gif."
+            )
+    if mode == "project":
+        options = cfg.project
+        if not options.get("target"):
+            raise GenerateError("mode=project needs project.target=PHOTO (the image to fit).")
+        if not Path(str(options.target)).expanduser().is_file():
+            raise GenerateError(
+                f"project.target={options.target} does not exist: give the photo to project (PNG, JPEG, ...)."
+            )
+        for key, least in (("steps", 1), ("w_avg_samples", 1)):
+            if not (_integer(options[key]) and options[key] >= least):
+                raise GenerateError(f"project.{key}={options[key]}: give {least} or more.")
+        if str(options.loss) not in ("lpips", "pixel"):
+            raise GenerateError(
+                f"project.loss={options.loss}: choose lpips (NVlabs' VGG16 features) or pixel."
+            )
+        if not (isinstance(options.lr, int | float) and options.lr > 0):
+            raise GenerateError(
+                f"project.lr={options.lr}: give a learning rate above 0, e.g. project.lr=0.1."
+            )
+    return seeds
+
+
+def planned_outputs(cfg: DictConfig, seeds: list[int]) -> list[Path]:
+    """The files a command writes (each to a temporary name first, then renamed), for the start-up checks."""
+    outdir = Path(str(cfg.outdir)).expanduser()
+    mode = str(cfg.mode)
+    if mode == "images":
+        return [outdir / f"seed{seed:04d}.png" for seed in seeds]
+    if mode in ("grid", "mixing"):
+        return [outdir / f"{mode}.png"]
+    if mode == "video":
+        return [outdir / str(cfg.video.path)]
+    return [outdir / "target.png", outdir / "projected.png", outdir / "projected_w.pt"]
+
+
+def _same_file(a: Path, b: Path) -> bool:
+    if a.resolve() == b.resolve():
+        return True
+    try:
+        return a.exists() and b.exists() and os.path.samefile(a, b)
+    except OSError:
+        return False
+
+
+def check_destinations(cfg: DictConfig, seeds: list[int]) -> None:
+    """Refuse, before the network loads, outputs this process cannot write (outdir a file, a folder on /proc) and an
+    output that would replace one of the command's inputs (the checkpoint, project.target)."""
+    outdir = Path(str(cfg.outdir)).expanduser()
+    outputs = planned_outputs(cfg, seeds)
+    check_writable_folder(outdir, "outdir", "choose a folder you can write (outdir=...).", given=cfg.outdir)
+    if str(cfg.mode) == "video":
+        check_writable_folder(
+            outputs[0].parent,
+            "video.path",
+            "choose a file name in a folder you can write (video.path=walk.gif, under outdir).",
+            given=cfg.video.path,
+        )
+    inputs = [("ckpt_path", Path(str(cfg.ckpt_path)).expanduser())]
+    if str(cfg.mode) == "project":
+        inputs.append(("project.target", Path(str(cfg.project.target)).expanduser()))
+    for key, source in inputs:
+        for output in outputs:
+            if _same_file(output, source):
+                raise GenerateError(
+                    f"{key}={source} would be overwritten: it is also this command's output {output}. Nothing was "
+                    "written. Write the outputs elsewhere (outdir=<another folder>"
+                    + (", or another video.path" if str(cfg.mode) == "video" else "")
+                    + "), or keep the input somewhere else."
+                )
+
+
+def run(cfg: DictConfig) -> dict[str, Any]:
+    """The generate command's job (`generate.py`): writes into `outdir`, returns what it wrote."""
+    seeds = check_options(cfg)
+    check_destinations(cfg, seeds)
+    mode = str(cfg.mode)
     outdir = Path(str(cfg.outdir)).expanduser()
     gen = load(str(cfg.ckpt_path), str(cfg.device), str(cfg.noise_mode))
     psi, cutoff, class_idx = float(cfg.truncation_psi), cfg.get("truncation_cutoff"), cfg.get("class_idx")
-    seeds = parse_seeds(cfg.seeds)
+    if gen.has_w and cutoff is not None and cutoff > int(gen.net.synthesis.num_ws):
+        raise GenerateError(
+            f"truncation_cutoff={cutoff}: this generator has {int(gen.net.synthesis.num_ws)} style layers; give "
+            f"1..{int(gen.net.synthesis.num_ws)}, or null for all of them."
+        )
     written: list[str] = []
     if mode in ("images", "grid"):
-        if not seeds:
-            raise GenerateError("seeds=... is empty: give the seeds to draw, e.g. seeds=0-7.")
         with _Progress(cfg.progress_bar, len(seeds), f"{mode}: {len(seeds)} images") as bar:
             images = to_uint8(images_for_seeds(gen, seeds, psi, cutoff, class_idx, int(cfg.batch_size), bar))
         if mode == "images":
@@ -601,11 +771,13 @@ def run(cfg: DictConfig) -> dict[str, Any]:
 
 def main() -> None:
     """`python generate.py` / `pixelsmith-generate`: Hydra composes conf/generate.yaml (the packaged tree in a plain
-    install); a PixelsmithError is one paragraph on stderr and exit 2, never a traceback."""
+    install); a PixelsmithError, and a command line Hydra refuses (`config.hydra_errors`), is one paragraph on stderr
+    and exit 2, never a traceback."""
     import sys
 
     import hydra
 
+    from pixelsmith.config.hydra_errors import report_composition_errors
     from pixelsmith.config.paths import CONF_DIR
 
     @hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name="generate")
@@ -616,4 +788,4 @@ def main() -> None:
             print(f"error: {err}", file=sys.stderr)
             sys.exit(2)
 
-    _main()
+    report_composition_errors(_main)

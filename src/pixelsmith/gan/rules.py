@@ -62,6 +62,66 @@ CONFIG_RULES: list[Rule] = [
         "0",
     ),
     Rule("model.sample_grid_size", positive_int, "must be at least 1", "64"),
+    # The networks' sizes: at 0 a layer has no inputs or no channels, and would fail (or train nothing) only later.
+    Rule("model.generator.z_dim", positive_int, "must be at least 1 (the latent's size)", "128"),
+    Rule("model.generator.w_dim", positive_int, "must be at least 1 (StyleGAN2's style vector size)", "128"),
+    Rule("model.generator.mapping_layers", positive_int, "must be at least 1 (NVlabs: 8; 2 for CIFAR)", "4"),
+    Rule("model.generator.ngf", positive_int, "must be at least 1 (DCGAN's generator width)", "64"),
+    Rule("model.discriminator.ndf", positive_int, "must be at least 1 (DCGAN's discriminator width)", "64"),
+    Rule(
+        "model.discriminator.mbstd_group_size",
+        positive_int,
+        "must be at least 1 (images per minibatch-stddev group; 1 compares none)",
+        "4",
+    ),
+    *(
+        rule
+        for net in ("generator", "discriminator")
+        for rule in (
+            Rule(
+                f"model.{net}.channel_base",
+                positive_int,
+                "must be at least 1 (channels at resolution r: min(channel_base / r, channel_max); at least "
+                "data.resolution, so the top block has a channel)",
+                "4096",
+            ),
+            Rule(
+                f"model.{net}.channel_max",
+                positive_int,
+                "must be at least 1 (the widest layer's channels)",
+                "256",
+            ),
+            Rule(
+                f"model.{net}.widths",
+                lambda v: isinstance(v, list) and bool(v) and all(positive_int(w) for w in v),
+                "must list one width of at least 1 per stage, from 4x4 up (R3GAN)",
+                "[768,768,768,768]",
+            ),
+            Rule(
+                f"model.{net}.groups",
+                lambda v: isinstance(v, list) and bool(v) and all(positive_int(g) for g in v),
+                "must list one group count of at least 1 per stage, from 4x4 up (R3GAN)",
+                "[96,96,96,96]",
+            ),
+            Rule(
+                f"model.{net}.blocks",
+                lambda v: (
+                    positive_int(v) or (isinstance(v, list) and bool(v) and all(positive_int(b) for b in v))
+                ),
+                "must be the residual blocks per stage: a number of at least 1, or one per stage (R3GAN)",
+                "2",
+            ),
+            Rule(
+                f"model.{net}.expansion", positive_int, "must be at least 1 (R3GAN's block width factor)", "2"
+            ),
+            Rule(
+                f"model.{net}.kernel",
+                lambda v: positive_int(v) and v % 2 == 1,
+                "must be an odd number (R3GAN's grouped conv: an even one would shrink the feature maps)",
+                "3",
+            ),
+        )
+    ),
     *optimizer_rules("model.g_optimizer"),
     *optimizer_rules("model.d_optimizer"),
 ]

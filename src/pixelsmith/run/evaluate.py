@@ -19,7 +19,7 @@ from omegaconf import DictConfig, OmegaConf
 from pixelsmith.callbacks.evaluation import build_gan_metric, generate_into
 from pixelsmith.config.schema import all_schemas
 from pixelsmith.config.stored import trusted_run_config
-from pixelsmith.config.validate import validate_config
+from pixelsmith.config.validate import validate_evaluation_config, validate_stored_config
 from pixelsmith.core.config import PRECISIONS, CoreSettings
 from pixelsmith.errors import PixelsmithError
 from pixelsmith.hardware.settings import apply_hardware
@@ -94,7 +94,19 @@ def _check_network_sizes(model_cfg: dict, state: dict, source: str) -> None:
             )
 
 
+def check_command(cfg: DictConfig) -> None:
+    """evaluate.py's own options, at start-up (before a checkpoint is read or an image generated): a checkpoint is
+    given, and the keys it reads are in range (`validate_evaluation_config`)."""
+    if OmegaConf.is_missing(cfg, "ckpt_path") or not cfg.get("ckpt_path"):
+        raise PixelsmithError(
+            "evaluate.py measures a checkpoint, and none is given: add ckpt_path=<a run's checkpoints/last.ckpt> (or "
+            "an NVlabs network .pkl), e.g. python evaluate.py ckpt_path=outputs/train/runs/<run>/checkpoints/last.ckpt."
+        )
+    validate_evaluation_config(cfg)
+
+
 def evaluate(cfg: DictConfig) -> dict[str, float]:
+    check_command(cfg)
     read_by_a_part = any(
         str(cfg.ckpt_path).lower().endswith(suffix) for suffix, _ in contributed("CHECKPOINT_READERS")
     )
@@ -131,7 +143,7 @@ def evaluate(cfg: DictConfig) -> dict[str, float]:
     if run_cfg.model.get("init_from"):
         run_cfg.model.init_from = None  # the checkpoint's own weights are the ones measured
     run_cfg.augment = stored["augment"]
-    validate_config(run_cfg)
+    validate_stored_config(run_cfg)
     _check_network_sizes(stored["model"], checkpoint["state_dict"], ckpt_path)
     model = build_model(run_cfg, CoreSettings(precision=hardware.precision, seed=stored["seed"]))
     device = torch.device(hardware.accelerator)

@@ -36,6 +36,7 @@ from pixelsmith.run.launch import die_with_parent, started_by_lightning_launcher
 from pixelsmith.run.launch import global_rank as launch_global_rank
 from pixelsmith.run.resume import (
     check_not_finished,
+    check_same_model,
     check_weights_fit,
     continue_command,
     explain_load_error,
@@ -209,6 +210,7 @@ def _fit_in(
         path, checkpoint = open_checkpoint(ckpt_path, auto_resumed)
         refuse_converted(ckpt_path, checkpoint)
         ckpt_path, resume_iteration = str(path), int(checkpoint["pixelsmith"].get("iteration", 0))
+        check_same_model(checkpoint, path, cfg, auto_resumed)  # another model's iteration says nothing here
         check_not_finished(path, resume_iteration, cfg.max_steps, auto_resumed)
     apply_hardware(hardware)  # the hardware settings' process-wide switches, the one place they are set
     if hardware.compile:

@@ -4,6 +4,8 @@ Each check runs at start-up, before the run writes anything, and ends in one par
 
 - `open_checkpoint`: the file is missing, looks truncated or corrupt (then the run's other checkpoints that do load
   are named), or is not a Pixelsmith checkpoint;
+- `check_same_model`: the checkpoint holds another model than this run builds (checked first: its iteration says
+  nothing about this run);
 - `check_not_finished`: the checkpoint is already at `max_steps`, so there is nothing to train (Lightning would only
   say "No training batches"); names the `max_steps` to give instead;
 - `check_weights_fit`: the checkpoint's tensors do not fit the model this run built (another model, resolution,
@@ -173,6 +175,19 @@ def check_not_finished(path: Path, iteration: int, max_steps: int, auto_resumed:
 
 
 # ---- does the checkpoint fit this run's model? -------------------------------------------------------------------
+def check_same_model(checkpoint: Mapping[str, Any], path: Path, cfg: DictConfig, auto_resumed: bool) -> None:
+    """Refuse, before the finished-run check, a checkpoint of another model than this run's (a style checkpoint in
+    a GAN run, a DCGAN one under model=stylegan2): its iteration says nothing about this run, so "nothing to
+    train" would be the wrong answer. Compared by the model's name in the stored run config; the tensors are
+    compared once the model is built (`check_weights_fit`)."""
+    stored = checkpoint.get("pixelsmith_config")
+    if not isinstance(stored, Mapping) or not isinstance(stored.get("model"), Mapping):
+        return
+    current = OmegaConf.to_container(cfg, resolve=True)
+    if _model_name(stored) != _model_name(current):
+        raise mismatch_error([], stored, path, cfg, auto_resumed)
+
+
 # The config keys that decide the networks' tensors, compared to explain a mismatch (optimizer settings, loss
 # weights and the like change no tensor and are free to differ on a resume).
 # The models' own come from their parts (each part's SHAPING_CONFIG_PREFIXES, pixelsmith.parts).

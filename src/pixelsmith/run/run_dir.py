@@ -189,3 +189,46 @@ class ClaimRunDirFirst(Callback):
         except PixelsmithError as err:
             print(f"[pixelsmith] {err}", file=sys.stderr)
             sys.exit(2)
+
+
+def check_new_run_dir(output_dir: Path, record_subdir: str | None, command: str) -> None:
+    """Refuse, before Hydra writes into it, a run dir that already holds another command's record: a training run
+    (its config_resolved.yaml, checkpoints) or any earlier command's Hydra record (`.hydra/`, the command line that
+    made what is there). Hydra replaces that record unconditionally, and evaluate.py's and generate.py's outputs have
+    fixed names, so such a dir is refused rather than shared: a fresh timestamped dir is the default and costs
+    nothing. Also refuses a dir that cannot be created or written."""
+    found = [
+        name for name in (record_subdir, RUN_MARKER, "checkpoints") if name and (output_dir / name).exists()
+    ]
+    if found:
+        raise RunDirError(
+            f"hydra.run.dir={output_dir} already holds another command's outputs ({', '.join(found)}: "
+            f"{'a training run' if RUN_MARKER in found else 'an earlier run'}); {command} would replace its "
+            f"record of the command that made it{f' ({record_subdir}/)' if record_subdir else ''}. Nothing was "
+            f"written. Leave hydra.run.dir unset for a fresh timestamped dir, or give a new folder."
+        )
+    check_writable_folder(
+        output_dir,
+        "hydra.run.dir",
+        "leave hydra.run.dir unset for a fresh dir under a writable working directory, or give a folder you can write.",
+    )
+
+
+class NewRunDirOnly(ClaimRunDirFirst):
+    """Hydra callback of the commands that write a run dir of their own without training (evaluate.py,
+    generate.py): `check_new_run_dir` before Hydra writes its `.hydra/` record; a refusal is one paragraph on
+    stderr and exit status 2. A sweep's dir is checked as training's (`ClaimRunDirFirst.on_multirun_start`)."""
+
+    def on_run_start(self, config: DictConfig, **kwargs: Any) -> None:
+        if global_rank() != 0:  # a launcher's other ranks share rank 0's new dir, which rank 0 checked
+            return
+        subdir = OmegaConf.select(config, "hydra.output_subdir")
+        try:
+            check_new_run_dir(
+                Path(str(config.hydra.run.dir)),
+                None if subdir is None else str(subdir),
+                Path(sys.argv[0]).name,
+            )
+        except PixelsmithError as err:
+            print(f"[pixelsmith] {err}", file=sys.stderr)  # Hydra's logging is not set up yet
+            sys.exit(2)

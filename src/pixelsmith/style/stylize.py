@@ -700,6 +700,12 @@ def _run_devices(options: StylizeOptions) -> int:
 def stylize_paths_checks(options: StylizeOptions) -> None:
     """The option checks `stylize_paths` makes, for a job about to start processes."""
     _check_tile(options.tile)
+    workers = str(options.workers).strip().lower()
+    if workers != "auto" and not (workers.isdigit() and int(workers) >= 0):
+        raise StylizeInputError(
+            f"workers={options.workers}: give the codec worker processes per device, 0 or more (0: decode and "
+            "encode inline), or auto."
+        )
     if not 0 <= options.png_compress_level <= 9:
         raise StylizeInputError(
             f"png_compress_level={options.png_compress_level} must be in 0..9 (0: none, 9: smallest)."
@@ -759,6 +765,72 @@ def check_destinations(options: StylizeOptions) -> None:
         )
 
 
+def _file_id(path: Path) -> tuple[int, int] | None:
+    """(device, inode) of an existing file: one file under two names (a hard link, a case-insensitive filesystem's
+    other spelling) has one id."""
+    try:
+        stat = path.stat()
+    except OSError:
+        return None
+    return stat.st_dev, stat.st_ino
+
+
+def _inside(path: Path, folder: Path) -> bool:
+    resolved, root = path.resolve(), folder.resolve()
+    folder_id = _file_id(folder)
+    return (
+        resolved == root
+        or root in resolved.parents
+        or (folder_id is not None and _file_id(path) == folder_id)
+    )
+
+
+def check_outputs_spare_inputs(options: StylizeOptions) -> None:
+    """Refuse, at start-up, an output that is or lies inside one of the command's inputs (the photos, the style
+    image, the checkpoint): `input=p.png output=p.png` would replace the photo with its stylized version, and
+    `input=dir output=dir` (or an output folder inside the input folder) every original, or feed a later run its
+    own outputs. Also an export that would replace the checkpoint. Compared by resolved path and, for files that
+    exist, by (device, inode): one stat per file."""
+    sources: list[tuple[str, Path]] = [("ckpt_path", Path(options.ckpt_path or "").expanduser())]
+    if options.style is not None:
+        sources.append(("style", Path(options.style).expanduser()))
+    planned: list[tuple[str, Path]] = []
+    if options.input is not None and options.output is not None:
+        inputs, output = Path(options.input).expanduser(), Path(options.output).expanduser()
+        if inputs.is_dir() and _inside(output, inputs):
+            where = "the input folder" if _file_id(output) == _file_id(inputs) else "inside the input folder"
+            raise StylizeInputError(
+                f"output={options.output} is {where} input={options.input}: its stylized images would replace the "
+                "originals, or be stylized again by the next run. Nothing was written. Give an output folder "
+                f"outside it, e.g. output={inputs.resolve().parent / (inputs.resolve().name + '_stylized')}."
+            )
+        try:
+            pairs = plan_outputs(inputs, output, options.format)
+        except (StylizeInputError, ImageReadError):
+            pairs = []  # no input, or no images in it: said where the job plans its outputs, as before
+        sources += [("input", source) for source, _ in pairs]
+        planned += [("output", target) for _, target in pairs]
+    if options.export_dir is not None:
+        folder = Path(options.export_dir).expanduser()
+        planned += [("export_dir", folder / f"stylizer{suffix}") for suffix in (".pt", ".onnx")]
+    by_path = {source.resolve(): (key, source) for key, source in sources}
+    by_id = {file_id: (key, source) for key, source in sources if (file_id := _file_id(source)) is not None}
+    for key, target in planned:
+        hit = by_path.get(target.resolve()) or by_id.get(_file_id(target))
+        if hit is None:
+            continue
+        source_key, source = hit
+        instead = (
+            f"output={target.with_name(target.stem + '_stylized' + target.suffix)}, or a folder outside the inputs"
+            if key == "output"
+            else "export_dir=<a folder of its own>"
+        )
+        raise StylizeInputError(
+            f"{key}={target} would overwrite {source_key}={source}, one of this command's inputs: stylize.py never "
+            f"replaces what it reads. Nothing was written. Give an output of its own, e.g. {instead}."
+        )
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or any(a in ("-h", "--help", "help") for a in argv):
@@ -777,6 +849,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             stylize_paths_checks(
                 options
             )  # a bad option or a codec not installed: said before the model loads
+        check_outputs_spare_inputs(options)
         model = load_stylizer_from_checkpoint(options.ckpt_path)
         if options.export_dir is not None:
             from pixelsmith.style.export import export_stylizer

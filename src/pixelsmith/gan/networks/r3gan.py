@@ -134,7 +134,13 @@ def _one_hot(labels: Tensor, c_dim: int, dtype: torch.dtype) -> Tensor:
     return labels.to(dtype)
 
 
-def _stages(resolution: int, widths: Sequence[int], groups: Sequence[int], blocks: int | Sequence[int]):
+def _stages(
+    resolution: int,
+    widths: Sequence[int],
+    groups: Sequence[int],
+    blocks: int | Sequence[int],
+    net: str = "generator",
+):
     stages = int(round(math.log2(resolution))) - 1
     if resolution < 4 or 2 ** (stages + 1) != resolution:
         raise ConfigError(
@@ -143,9 +149,16 @@ def _stages(resolution: int, widths: Sequence[int], groups: Sequence[int], block
         )
     blocks = [blocks] * stages if isinstance(blocks, int) else list(blocks)
     if not len(widths) == len(groups) == len(blocks) == stages:
-        raise ValueError(
-            f"R3GAN at {resolution} px has {stages} stages (4x4 up to {resolution}x{resolution}): widths "
-            f"{list(widths)}, groups {list(groups)} and blocks {blocks} must each list {stages}."
+        # The lists are per stage, so they fix the resolution: a preset's lists with another data.resolution.
+        preset = 2 ** (len(widths) + 1)
+        raise ConfigError(
+            f"R3GAN at data.resolution={resolution} has {stages} stages (4x4 up to {resolution}x{resolution}), so "
+            f"model.{net}.widths {list(widths)}, model.{net}.groups {list(groups)} and model.{net}.blocks {blocks} "
+            f"must each list {stages} values, one per stage from 4x4 up. Give {stages} of each (e.g. "
+            f"model.{net}.widths=[{','.join([str(widths[0] if widths else 768)] * stages)}] "
+            f"model.{net}.groups=[{','.join([str(groups[0] if groups else 96)] * stages)}]), or the resolution these "
+            "lists are for"
+            + (f" (data.resolution={preset})." if widths and len(widths) == len(groups) else ".")
         )
     return list(widths), list(groups), blocks
 
@@ -223,7 +236,9 @@ class R3GANDiscriminator(nn.Module):
         c_embed_dim: int | None = None,
     ):
         super().__init__()
-        widths, groups, blocks = (list(reversed(v)) for v in _stages(resolution, widths, groups, blocks))
+        widths, groups, blocks = (
+            list(reversed(v)) for v in _stages(resolution, widths, groups, blocks, "discriminator")
+        )
         total = sum(blocks)
         self.c_dim = int(c_dim)
         embed = (widths[-1] if c_embed_dim is None else int(c_embed_dim)) if self.c_dim else 1

@@ -72,7 +72,9 @@ def channels_at_resolution(resolution: int, channel_base: int, channel_max: int)
     return min(channel_base // resolution, channel_max)
 
 
-def _check_architecture(resolution: int, channels: int, channel_base: int, channel_max: int) -> None:
+def _check_architecture(
+    resolution: int, channels: int, channel_base: int, channel_max: int, net: str = "generator"
+) -> None:
     if resolution < 16 or resolution & (resolution - 1) != 0:
         raise ConfigError(
             f"StyleGAN2 needs a resolution that is a power of two >= 16, got {resolution}: set data.resolution="
@@ -81,9 +83,11 @@ def _check_architecture(resolution: int, channels: int, channel_base: int, chann
     if channels < 1:
         raise ValueError(f"channels must be >= 1 (1 = grayscale, 3 = RGB), got {channels}")
     if channel_max < 1 or channel_base < resolution:
-        raise ValueError(
-            f"channel_base ({channel_base}) must be >= resolution ({resolution}) and channel_max ({channel_max})"
-            " >= 1, otherwise the top block would have zero channels"
+        raise ConfigError(
+            f"model.{net}.channel_base={channel_base} must be at least data.resolution={resolution} and "
+            f"model.{net}.channel_max={channel_max} at least 1, otherwise the top block would have zero channels "
+            f"(channels at resolution r: min(channel_base / r, channel_max)); e.g. model.{net}.channel_base="
+            f"{max(4096, resolution * 32)}."
         )
 
 
@@ -856,7 +860,7 @@ class StyleGAN2Discriminator(nn.Module):
         freeze_layers: int = 0,
     ):
         super().__init__()
-        _check_architecture(resolution, channels, channel_base, channel_max)
+        _check_architecture(resolution, channels, channel_base, channel_max, "discriminator")
         _check_choice("downsampling", downsampling, DOWNSAMPLING)
         _check_choice("architecture", architecture, D_ARCHITECTURES)
         _check_precision(num_fp16_res, conv_clamp)
