@@ -539,6 +539,131 @@ CASES += [
 ]
 
 
+# ---- Hostile files a user may be handed: checkpoints whose stored config names code, a network pickle that is
+# damaged, a style checkpoint sized far beyond its weights, a dataset.json that is not [name, label] pairs. Each is
+# refused like a bad command line: one paragraph, at start-up, nothing run (tests/test_checkpoint_configs.py and
+# tests/test_gan_nvlabs_hostile.py hold the full sets).
+def _gan_checkpoint(tmp: Path, edit: Callable[[dict], None]) -> Path:
+    """A DCGAN checkpoint (real, untrained weights) whose stored run config `edit` changes."""
+    from omegaconf import OmegaConf
+
+    from pixelsmith.run.build import build_core_settings, build_model, resolve_hardware
+
+    cfg = compose_config([*FAST, *SMALL["dcgan"]], tmp / "trained")
+    model = build_model(cfg, build_core_settings(cfg, resolve_hardware(cfg)))
+    config = OmegaConf.to_container(cfg, resolve=True)
+    edit(config)
+    path = tmp / "shared.ckpt"
+    torch.save(
+        {"state_dict": model.state_dict(), "pixelsmith": {"iteration": 1}, "pixelsmith_config": config}, path
+    )
+    return path
+
+
+def _code_node(tmp: Path) -> dict:
+    return {"_target_": "builtins.open", "file": str(tmp / "payload_ran"), "mode": "w"}
+
+
+def _stealth(config: dict, tmp: Path) -> None:
+    config["model"]["generator"]["channels"] = {"_target_": "builtins.max", "_args_": [1, _code_node(tmp)]}
+
+
+def _damaged_pickle(tmp: Path) -> Path:
+    data = (Path(__file__).resolve().parent / "fixtures" / "nvlabs" / "sg2ada_resnet_32px.pkl").read_bytes()
+    (tmp / "cut.pkl").write_bytes(data[: len(data) // 3])
+    return tmp / "cut.pkl"
+
+
+def _wide_style_checkpoint(tmp: Path) -> Path:
+    from pixelsmith.style.networks import TransformerNet
+
+    state = {
+        f"stylizer.{k}": v
+        for k, v in TransformerNet(base_channels=4, num_residual_blocks=1).state_dict().items()
+    }
+    config = {"model": {"stylizer": {"base_channels": 20_000, "num_residual_blocks": 1}}}
+    torch.save({"state_dict": state, "pixelsmith_config": config}, tmp / "wide.ckpt")
+    return tmp / "wide.ckpt"
+
+
+def _zip_with_labels(tmp: Path, labels: object) -> Path:
+    path = _zip_at(tmp, 16)
+    with zipfile.ZipFile(path, "a") as archive:
+        archive.writestr("dataset.json", json.dumps({"labels": labels}))
+    return path
+
+
+CASES += [
+    Case(
+        "evaluate",
+        "a checkpoint whose objective is code",
+        lambda t: [f"ckpt_path={_gan_checkpoint(t, lambda c: c['model'].update(objective=_code_node(t)))}"],
+        ("model.objective._target_", "builtins.open", "never called"),
+        untouched=True,
+    ),
+    Case(
+        "evaluate",
+        "a checkpoint whose data node is code",
+        lambda t: [f"ckpt_path={_gan_checkpoint(t, lambda c: c.update(data=_code_node(t)))}"],
+        ("'builtins.open'", "conf/data/"),
+        untouched=True,
+    ),
+    Case(
+        "generate",
+        "the stealth checkpoint",
+        lambda t: [f"ckpt_path={_gan_checkpoint(t, lambda c: _stealth(c, t))}", f"outdir={t / 'out'}"],
+        ("model.generator.channels._target_", "builtins.max"),
+        untouched=True,
+    ),
+    Case(
+        "generate",
+        "a checkpoint sized beyond its weights",
+        lambda t: [
+            f"ckpt_path={_gan_checkpoint(t, lambda c: c['model']['generator'].update(ngf=200_000))}",
+            f"outdir={t / 'out'}",
+        ],
+        ("do not fit its own stored config", "Nothing was allocated"),
+        untouched=True,
+    ),
+    Case(
+        "generate",
+        "a damaged NVlabs pickle",
+        lambda t: [f"ckpt_path={_damaged_pickle(t)}", f"outdir={t / 'out'}"],
+        ("is damaged or is not an NVlabs network pickle",),
+        untouched=True,
+    ),
+    Case(
+        "train",
+        "labels as a dict in dataset.json",
+        lambda t: [
+            "data=zip",
+            f"data.path={_zip_with_labels(t, {'00000/img00000000.png': 1})}",
+            "data.resolution=16",
+        ],
+        ("dataset.json",),
+    ),
+    Case(
+        "prepare",
+        "negative labels in dataset.json",
+        lambda t: [
+            f"source={_zip_with_labels(t, [[f'00000/img{i:08d}.png', -1] for i in range(4)])}",
+            f"dest={t / 'o.zip'}",
+            "resolution=16",
+        ],
+        ("dataset.json",),
+    ),
+]
+if STYLE_PART:
+    CASES.append(
+        Case(
+            "stylize",
+            "a style checkpoint sized beyond its weights",
+            lambda t: [*_stylize(t)[1:], f"ckpt_path={_wide_style_checkpoint(t)}"],
+            ("do not fit its own stored config", "Nothing was allocated"),
+        )
+    )
+
+
 def _refusal(case: Case, tmp: Path, capsys) -> str:
     """The paragraph the case is refused with; raises AssertionError when it is not refused cleanly."""
     args = case.args(tmp)
