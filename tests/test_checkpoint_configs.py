@@ -352,3 +352,89 @@ def test_the_style_checkpoint_width_is_checked_before_allocation(tmp_path):
 
 class ForkGenerator(DCGANGenerator):
     """A fork's generator: the DCGAN generator under another class name (same arguments and weights)."""
+
+
+def _gadget_in_a_list_of_lists(config: dict, marker: Path) -> None:
+    config["model"]["objective"]["order"] = [[_gadgets(marker)["open (keywords)"]]]
+
+
+@pytest.mark.parametrize(
+    ("name", "edit", "words"),
+    [
+        ("a class in a list of lists", _gadget_in_a_list_of_lists, ("model.objective.order.[].[]._target_",)),
+        (
+            "a null _target_",
+            lambda c, m: c["model"]["objective"]["loss"].update(_target_=None),
+            ("NoneType",),
+        ),
+        ("a seed beyond 2^32", lambda c, m: c.update(seed=2**35), ("seed",)),
+        ("the missing marker", lambda c, m: c["model"]["generator"].update(z_dim="???"), ("'???'",)),
+        (
+            "a dotted regularizer name",
+            lambda c, m: c["model"]["objective"]["regularizers"].update({"a.b": {}}),
+            ("'a.b'", "no config key"),
+        ),
+        (
+            "an argument the loss does not take",
+            lambda c, m: c["model"]["objective"]["loss"].update(foo=1),
+            ("['foo']", "NonSaturatingLoss"),
+        ),
+    ],
+)
+def test_what_an_attack_on_the_check_tried_is_refused(trained, tmp_path, name, edit, words):
+    """A review attacked the check with these (the first ran code through Hydra's recursion into nested lists)."""
+    marker = tmp_path / "payload_ran"
+    config = torch.load(trained, map_location="cpu", weights_only=True)["pixelsmith_config"]
+    edited = copy.deepcopy(config)
+    edit(edited, marker)
+    path = _with_config(trained, tmp_path, "attack", edited)
+    for entry in (_generate, _evaluate):
+        message = _refusal(entry, path, tmp_path / entry.__name__)
+        missing = [w for w in words if w not in message]
+        assert not missing, f"{name}: {missing} not in: {message}"
+        assert not marker.exists()
+
+
+def test_evaluate_never_contacts_a_server_a_stored_config_names_nor_builds_a_huge_sample_grid(
+    trained, tmp_path
+):
+    config = torch.load(trained, map_location="cpu", weights_only=True)["pixelsmith_config"]
+    remote = copy.deepcopy(config)
+    remote["data"] = {
+        **remote["data"],
+        "name": "shards",
+        "_target_": "pixelsmith.data.shards.ShardsDataModule",
+    }
+    remote["data"] = {k: v for k, v in remote["data"].items() if k not in ("mirror", "labels", "on_device")}
+    remote["data"]["path"] = "s3://somebody-elses-bucket/x"
+    message = _refusal(_evaluate, _with_config(trained, tmp_path, "remote", remote), tmp_path / "remote")
+    assert (
+        "s3://somebody-elses-bucket/x" in message and "never makes this machine contact a server" in message
+    )
+    grid = copy.deepcopy(config)
+    grid["model"]["sample_grid_size"] = 6_000_000
+    message = _refusal(_evaluate, _with_config(trained, tmp_path, "grid", grid), tmp_path / "grid")
+    assert "model.sample_grid_size" in message, message
+
+
+def _stretched(state: dict, prefix: str) -> dict:
+    """Every tensor under `prefix` as a zero-stride view of one value: any shape for a few bytes of file."""
+    return {k: (torch.zeros(()).expand(v.shape) if k.startswith(prefix) else v) for k, v in state.items()}
+
+
+def test_weights_that_are_views_cannot_size_a_network(trained, tmp_path):
+    """A file can declare any shape at almost no size with stretched (stride-0) or shared views: the shape check
+    alone would then let ngf 2048 (gigabytes) through. Each tensor must be backed by its own bytes."""
+    checkpoint = torch.load(trained, map_location="cpu", weights_only=True)
+    state = checkpoint["state_dict"]
+    checkpoint["state_dict"] = _stretched(state, "G_ema.model.")
+    torch.save(checkpoint, tmp_path / "stretched.ckpt")
+    message = _refusal(_generate, tmp_path / "stretched.ckpt", tmp_path)
+    assert "stretched view" in message, message
+    base = torch.zeros(max(v.numel() for k, v in state.items() if k.startswith("G_ema.model.")))
+    checkpoint["state_dict"] = {
+        k: (base[: v.numel()].view(v.shape) if k.startswith("G_ema.model.") else v) for k, v in state.items()
+    }
+    torch.save(checkpoint, tmp_path / "shared.ckpt")
+    message = _refusal(_generate, tmp_path / "shared.ckpt", tmp_path)
+    assert "sharing one storage" in message, message

@@ -207,7 +207,7 @@ BOUNDARIES: dict[str, tuple[list, list]] = {
     "model.objective.regularizers.r1.interval": ([1], [0]),
     "model.objective.regularizers.path_length.weight": ([0.0], [-TINY]),
     "model.objective.regularizers.path_length.interval": ([1], [0]),
-    "model.sample_grid_size": ([1], [0]),
+    "model.sample_grid_size": ([1, 1024], [0, 1025]),
     "<network>.num_fp16_res": ([0, None], [-1, 1.5]),
     "<network>.conv_clamp": ([TINY, None], [0, -TINY]),
     "model.generator.style_mixing_prob": ([0, 1, 1.0], [-TINY, 1 + 1e-9]),

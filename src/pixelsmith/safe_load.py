@@ -89,12 +89,38 @@ class _TooManyModules(Exception):
     pass
 
 
+def _check_tensors_hold_their_bytes(state: dict[str, Any], source: str, what: str) -> None:
+    """Each tensor of `state` is backed by bytes of the file: a view that declares more values than its storage
+    holds (an expanded, stride-0 tensor) or many full-size views of one storage would let a small file pass a shape
+    check for a network of any size."""
+    declared = 0
+    storages: dict[int, int] = {}
+    for name, tensor in state.items():
+        if not isinstance(tensor, torch.Tensor):
+            continue
+        size = tensor.numel() * tensor.element_size()
+        storage = tensor.untyped_storage()
+        if storage.nbytes() < size:
+            raise NetworkMismatchError(
+                f"{source}: its {what} weight {name} declares {size} bytes over a storage of {storage.nbytes()} "
+                "(a stretched view, not weights). Nothing was built from it; the file is damaged or was edited."
+            )
+        declared += size
+        storages[storage.data_ptr()] = storage.nbytes()
+    if sum(storages.values()) < declared:
+        raise NetworkMismatchError(
+            f"{source}: its {what} weights declare {declared} bytes but the file holds {sum(storages.values())} for "
+            "them (tensors sharing one storage). Nothing was built from it; the file is damaged or was edited."
+        )
+
+
 def build_to_fit(
     build: Callable[[], nn.Module], state: dict[str, Any], source: str, what: str, check_only: bool = False
 ) -> nn.Module | None:
     """`build()` with `state` loaded, refused (NetworkMismatchError) when the network `build` makes would not hold
     exactly the tensors of `state`, checked before any memory is taken for it. `check_only`: the check alone (the
     caller builds the network as part of something larger); returns None."""
+    _check_tensors_hold_their_bytes(state, source, what)
     budget = SUBMODULES_PER_TENSOR * len(state) + 64
     registered = [0]
 

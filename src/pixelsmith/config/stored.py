@@ -96,6 +96,10 @@ def plain_tree(value: Any, source: str, where: str = "pixelsmith_config") -> Any
                 raise _refuse(
                     source, path, f"an interpolation {node[:80]!r} (stored configs are written resolved)"
                 )
+            if node == "???":
+                raise _refuse(
+                    source, path, "OmegaConf's missing-value marker '???' (a stored config is complete)"
+                )
         elif isinstance(node, bool) or node is None:
             pass
         elif isinstance(node, int):
@@ -209,12 +213,17 @@ def check_section(
         raise _refuse(source, section, f"a {type(node).__name__} where a config node belongs")
     node = plain_tree(node, source, section)
     allowed = classes if classes is not None else classes_in_tree()
-    stack: list[tuple[dict, tuple[str, ...]]] = [(node, tuple(section.split(".")))]
+    # Every container at every depth: a dict inside a list (of lists) is as much a Hydra node as one in a dict, and
+    # its path gets a `[]` part that no class of the tree has, so a `_target_` there is refused.
+    stack: list[tuple[Any, tuple[str, ...]]] = [(node, tuple(section.split(".")))]
     while stack:
         current, path = stack.pop()
+        if isinstance(current, list):
+            stack.extend((item, (*path, "[]")) for item in current if isinstance(item, dict | list))
+            continue
         where = ".".join(path)
-        target = current.get("_target_")
-        if target is not None:
+        if "_target_" in current:
+            target = current["_target_"]
             expected = allowed.get(_generalised(path), frozenset())
             if not isinstance(target, str) or target not in expected:
                 named = f"the class {target!r}" if isinstance(target, str) else f"a {type(target).__name__}"
@@ -227,14 +236,14 @@ def check_section(
                     "add your own); a checkpoint from elsewhere is refused, whatever it holds.",
                 )
         for key, value in current.items():
+            if not key.isidentifier():
+                raise _refuse(source, f"{where}.{key[:40]}", f"the key {key[:40]!r}, which is no config key")
             if key.startswith("_") and key not in UNDERSCORE_KEYS:
                 raise _refuse(source, f"{where}.{key}", f"the key {key!r}, which this project never stores")
             if key == "_partial_" and not isinstance(value, bool):
                 raise _refuse(source, f"{where}._partial_", f"{value!r} (must be true or false)")
-            if isinstance(value, dict):
+            if isinstance(value, dict | list):
                 stack.append((value, (*path, key)))
-            elif isinstance(value, list):
-                stack.extend((item, (*path, key)) for item in value if isinstance(item, dict))
     if schema is not None:
         node = _merged_into_schema(node, schema, section, source)
     _check_untyped_arguments(node, schema, section, source)
@@ -303,9 +312,15 @@ def _typed_paths(schema: type, prefix: tuple[str, ...]) -> set[tuple[str, ...]]:
 
 
 def _arguments(cls: type) -> tuple[set[str], bool]:
+    """The keyword arguments `cls` takes, and whether it takes any (a `**kwargs` of its own). torch's Module is where
+    the walk ends: its `*args, **kwargs` are not arguments its subclasses forward."""
+    from torch import nn
+
     names: set[str] = set()
     for klass in cls.__mro__:
-        if klass is object or "__init__" not in vars(klass):
+        if klass in (object, nn.Module):
+            return names, False
+        if "__init__" not in vars(klass):
             continue
         params = inspect.signature(klass.__init__).parameters.values()
         names |= {p.name for p in params if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)}
@@ -369,8 +384,8 @@ def trusted_run_config(
         augment = check_section("augment", augment, source, option_schema("augment", option, schemas))
     trusted["augment"] = augment
     seed = stored.get("seed", 0)
-    if isinstance(seed, bool) or not isinstance(seed, int):
-        raise StoredConfigError(f"{source}: its stored seed is {seed!r}, not an integer.")
+    if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2**32:
+        raise _refuse(source, "seed", f"{seed!r}, which is no seed (an integer in [0, 2^32))")
     trusted["seed"] = seed
     plan = stored.get("runtime_plan") if isinstance(stored.get("runtime_plan"), dict) else {}
     precision = plan.get("precision")

@@ -61,7 +61,12 @@ CONFIG_RULES: list[Rule] = [
         "must be an integer >= 0 (0 = unconditional, else the number of classes of the one-hot labels)",
         "0",
     ),
-    Rule("model.sample_grid_size", positive_int, "must be at least 1", "64"),
+    Rule(
+        "model.sample_grid_size",
+        lambda v: positive_int(v) and v <= 1024,
+        "must be in 1..1024 (images in each sample grid)",
+        "64",
+    ),
     # The networks' sizes: at 0 a layer has no inputs or no channels, and would fail (or train nothing) only later.
     Rule("model.generator.z_dim", positive_int, "must be at least 1 (the latent's size)", "128"),
     Rule("model.generator.w_dim", positive_int, "must be at least 1 (StyleGAN2's style vector size)", "128"),

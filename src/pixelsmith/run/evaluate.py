@@ -77,6 +77,33 @@ def _check_generates_images(ckpt_path: str, model_cfg: dict) -> None:
     )
 
 
+# Keys of a data node that only say where data is cached: a stored value would let a file choose where this
+# machine writes, so the command's (or the default) is used.
+CACHE_KEYS = ("cache_dir",)
+
+
+def _command_names_data() -> bool:
+    """Whether this command gave `data=` or `data.*=` (inside a Hydra app; a direct call gives none)."""
+    from hydra.core.hydra_config import HydraConfig
+
+    if not HydraConfig.initialized():
+        return False
+    return any(o.lstrip("+~").startswith(("data=", "data.")) for o in HydraConfig.get().overrides.task)
+
+
+def _stored_data(data: dict, source: str) -> dict:
+    """The data node a checkpoint stores, as evaluate.py measures against it: local locations only. A remote URL
+    would make this machine contact a server the file names, with this user's credentials."""
+    for key, value in data.items():
+        if isinstance(value, str) and "://" in value:
+            raise PixelsmithError(
+                f"{source}: its stored run config names the remote data data.{key}={value[:200]}; a stored config "
+                "never makes this machine contact a server. Nothing was read. Give the data on the command line "
+                f"(data={data.get('name')} data.{key}=...) to measure against it."
+            )
+    return {k: v for k, v in data.items() if k not in CACHE_KEYS}
+
+
 def _check_network_sizes(model_cfg: dict, state: dict, source: str) -> None:
     """Each module a stored model node builds (`model.<key>` with a `_target_`, whose weights the checkpoint holds
     under `<key>.`) is built on the meta device first and compared with those weights: sizes a stored config gives
@@ -132,10 +159,10 @@ def evaluate(cfg: DictConfig) -> dict[str, float]:
     # were typed by their own option's schema above; the config rules check the values as at training start-up.
     run_cfg = OmegaConf.create(OmegaConf.to_container(cfg, resolve=True))
     run_cfg.model = stored["model"]
-    run_cfg.data = stored["data"]
-    if checkpoint.get("converted_from"):
-        # A converted network was never trained here: the data to measure against is this command's, at the
-        # network's resolution and channels.
+    run_cfg.data = _stored_data(stored["data"], ckpt_path)
+    if checkpoint.get("converted_from") or _command_names_data():
+        # A converted network was never trained here, and a command that names its data measures against that: the
+        # data is this command's, at the network's resolution and channels.
         run_cfg.data = OmegaConf.merge(
             run_cfg_data_of(cfg),
             {"resolution": stored["data"].get("resolution"), "channels": stored["data"].get("channels")},
@@ -145,7 +172,17 @@ def evaluate(cfg: DictConfig) -> dict[str, float]:
     run_cfg.augment = stored["augment"]
     validate_stored_config(run_cfg)
     _check_network_sizes(stored["model"], checkpoint["state_dict"], ckpt_path)
-    model = build_model(run_cfg, CoreSettings(precision=hardware.precision, seed=stored["seed"]))
+    try:
+        model = build_model(run_cfg, CoreSettings(precision=hardware.precision, seed=stored["seed"]))
+    except PixelsmithError:
+        raise
+    except Exception as err:  # noqa: BLE001 (whatever a class raises for the values a file gave it)
+        cause = err.__cause__ if err.__cause__ is not None else err
+        detail = (str(cause).strip().splitlines() or [""])[0][:300]
+        raise PixelsmithError(
+            f"{ckpt_path}: its stored model config does not build ({type(cause).__name__}: {detail}). Nothing was "
+            "measured; evaluate a checkpoint as train.py wrote it."
+        ) from None
     device = torch.device(hardware.accelerator)
     model.to(device).eval()
     datamodule = build_datamodule(run_cfg, hardware)
