@@ -286,10 +286,7 @@ def validate_config(cfg: DictConfig) -> None:
     problems = (
         _missing_model(cfg) + environment_problems() + _unknown_root_keys(cfg) + _unknown_typed_keys(cfg)
     )
-    for rule in RULES:
-        present, value = _lookup(cfg, rule.key)
-        if present and not rule.ok(value):
-            problems.append(f"{rule.key}={value!r} {rule.requirement}; e.g. {rule.key}={rule.example}.")
+    problems += _rule_problems(cfg, ("",))
     present, monitor = _lookup(cfg, "eval.monitor")
     _, metrics = _lookup(cfg, "eval.metrics")
     if present and isinstance(metrics, list | tuple) and all(m in METRIC_SCORES for m in metrics):
@@ -316,14 +313,21 @@ EVALUATION_KEYS = (
 )
 
 
-def validate_evaluation_config(cfg: DictConfig) -> None:
-    """`validate_config` for evaluate.py: the rules of the keys it reads, the environment, keys nothing reads."""
-    problems = environment_problems() + _unknown_root_keys(cfg) + _unknown_typed_keys(cfg)
+def _rule_problems(cfg: DictConfig, prefixes: tuple[str, ...]) -> list[str]:
+    """One line for each rule of a key under `prefixes` whose value is out of range."""
+    problems = []
     for rule in RULES:
-        if rule.key.startswith(EVALUATION_KEYS):
+        if rule.key.startswith(prefixes):
             present, value = _lookup(cfg, rule.key)
             if present and not rule.ok(value):
                 problems.append(f"{rule.key}={value!r} {rule.requirement}; e.g. {rule.key}={rule.example}.")
+    return problems
+
+
+def validate_evaluation_config(cfg: DictConfig) -> None:
+    """`validate_config` for evaluate.py: the rules of the keys it reads, the environment, keys nothing reads."""
+    problems = environment_problems() + _unknown_root_keys(cfg) + _unknown_typed_keys(cfg)
+    problems += _rule_problems(cfg, EVALUATION_KEYS)
     _raise_problems(problems, "evaluate.py")
 
 
@@ -335,13 +339,7 @@ def validate_stored_config(cfg: DictConfig) -> None:
     """The rules of the sections a checkpoint's stored config gives (model, data, augment), on the config evaluate.py
     builds from it: the ranges training checked when it wrote them, checked again because the file may have been
     edited since (pixelsmith.config.stored checks classes and types; this checks values)."""
-    problems = []
-    for rule in RULES:
-        if rule.key.startswith(STORED_SECTIONS):
-            present, value = _lookup(cfg, rule.key)
-            if present and not rule.ok(value):
-                problems.append(f"{rule.key}={value!r} {rule.requirement}; e.g. {rule.key}={rule.example}.")
-    problems += _objective_problems(cfg) + _schedule_problems(cfg)
+    problems = _rule_problems(cfg, STORED_SECTIONS) + _objective_problems(cfg) + _schedule_problems(cfg)
     if problems:
         listed = " ".join(f"({i}) {p}" for i, p in enumerate(problems, 1))
         raise ConfigValueError(
