@@ -2,6 +2,7 @@
 
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -345,3 +346,66 @@ def test_a_folders_pixels_do_not_depend_on_the_images_before_it(fast_ckpt, tmp_p
     assert sorted(p.name for p in redone) == ["1.png", "3.png", "4.png"]
     for path in redone:
         assert np.array_equal(np.asarray(Image.open(path)), together[path.name]), path.name
+
+
+def _tiny_style_checkpoint(folder: Path) -> Path:
+    net = TransformerNet(base_channels=8, num_residual_blocks=1)
+    path = folder / "style.ckpt"
+    config = {"model": {"stylizer": {"base_channels": 8, "num_residual_blocks": 1}}}
+    torch.save(
+        {
+            "state_dict": {f"stylizer.{k}": v for k, v in net.state_dict().items()},
+            "pixelsmith_config": config,
+        },
+        path,
+    )
+    return path
+
+
+def test_a_single_photo_written_into_its_own_folder_in_another_format_leaves_the_photo(tmp_path):
+    """format= applies to a single input file too: output=<the photo's folder> format=png writes photo.png beside
+    photo.jpg and leaves the photo as it was (it used to write photo.jpg over the input)."""
+    from pixelsmith.style.stylize import main
+
+    photos = tmp_path / "photos"
+    photos.mkdir()
+    Image.fromarray(np.full((24, 32, 3), 120, np.uint8)).save(photos / "photo.jpg")
+    original = (photos / "photo.jpg").read_bytes()
+    ckpt = _tiny_style_checkpoint(tmp_path)
+    code = main(
+        [
+            f"ckpt_path={ckpt}",
+            f"input={photos / 'photo.jpg'}",
+            f"output={photos}",
+            "format=png",
+            "progress=false",
+        ]
+    )
+    assert code == 0
+    assert (photos / "photo.jpg").read_bytes() == original
+    assert Image.open(photos / "photo.png").size == (32, 24)
+
+
+def test_a_link_planted_at_the_temporary_name_is_never_written_through(tmp_path):
+    """Each image is written to a new temporary file (O_EXCL) and renamed into place: a link left at the old fixed
+    `.NAME.partial` name pointing at another file leaves that file as it was."""
+    from pixelsmith.style.stylize import main
+
+    Image.fromarray(np.full((24, 32, 3), 60, np.uint8)).save(tmp_path / "a.jpg")
+    victim = tmp_path / "victim.txt"
+    victim.write_text("the user's")
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / ".a.jpg.partial").symlink_to(victim)
+    code = main(
+        [
+            f"ckpt_path={_tiny_style_checkpoint(tmp_path)}",
+            f"input={tmp_path / 'a.jpg'}",
+            f"output={out / 'a.jpg'}",
+            "progress=false",
+        ]
+    )
+    assert code == 0
+    assert victim.read_text() == "the user's"
+    assert (out / "a.jpg").is_file() and not (out / "a.jpg").is_symlink()
+    assert oct((out / "a.jpg").stat().st_mode & 0o777) != oct(0o600)  # not private like a bare mkstemp file

@@ -41,9 +41,11 @@ missing ones. A file that fails at any stage is recorded with its reason and the
 
 from __future__ import annotations
 
+import contextlib
 import multiprocessing
 import os
 import sys
+import tempfile
 import time
 import warnings
 from collections import deque
@@ -200,13 +202,12 @@ def save_image(
         options.update(quality=JPEG_QUALITY, subsampling=0)
     elif path.suffix.lower() == ".png":
         options.update(compress_level=png_compress_level)
-    # An interrupted run never leaves a half image that overwrite=false would then take for done.
-    partial = path.with_name(f".{path.name}.partial")
-    try:
-        image.save(partial, format=Image.registered_extensions().get(path.suffix.lower()), **options)
+    # An interrupted run never leaves a half image that overwrite=false would then take for done. The temporary
+    # file is created new (never an existing name, which could be a link planted to redirect the write).
+    with _new_partial(path) as (handle, partial):
+        image.save(handle, format=Image.registered_extensions().get(path.suffix.lower()), **options)
+        handle.close()
         os.replace(partial, path)
-    finally:
-        partial.unlink(missing_ok=True)
 
 
 def storable_alpha(alpha: np.ndarray | None, path: Path, stacklevel: int = 2) -> np.ndarray | None:
@@ -222,10 +223,24 @@ def storable_alpha(alpha: np.ndarray | None, path: Path, stacklevel: int = 2) ->
 
 def write_bytes_atomically(data: bytes, path: Path) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
-    partial = path.with_name(f".{path.name}.partial")
-    try:
-        partial.write_bytes(data)
+    with _new_partial(path) as (handle, partial):
+        handle.write(data)
+        handle.close()
         os.replace(partial, path)
+
+
+@contextlib.contextmanager
+def _new_partial(path: Path):
+    """A new, uniquely named temporary file beside `path` (open for writing, and its path), removed unless it was
+    renamed into place: created with O_EXCL, so no existing file or planted link is ever written through."""
+    handle, name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".partial", dir=path.parent)
+    partial = Path(name)
+    mask = os.umask(0)
+    os.umask(mask)
+    os.chmod(partial, 0o666 & ~mask)  # mkstemp's 0600 would make the image private once renamed into place
+    try:
+        with os.fdopen(handle, "wb") as stream:
+            yield stream, partial
     finally:
         partial.unlink(missing_ok=True)
 

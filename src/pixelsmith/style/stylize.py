@@ -294,6 +294,7 @@ def stylize_paths(
     compile_mode: str = "auto",
     pad_channels: int | str = "auto",
     compile_cache_dir: str | None = None,
+    output_format: str = "same",
 ) -> list[Path]:
     """Stylize one image file or every image under a folder; returns the written files.
 
@@ -348,7 +349,7 @@ def stylize_paths(
         raise StylizeInputError(f"compile={compile!r}; choose one of {', '.join(COMPILE_CHOICES)}.")
     check_speed_options(png_encoder, png_threads, compile_mode, pad_channels)
     stylizer = prepare_stylizer(model, style, alpha, style_size)
-    pairs = plan_outputs(Path(inputs), Path(output))
+    pairs = plan_outputs(Path(inputs), Path(output), output_format)
     summary = stylize_shard(
         stylizer,
         pairs,
@@ -891,6 +892,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 compile_mode=options.compile_mode,
                 pad_channels=options.pad_channels,
                 compile_cache_dir=options.compile_cache_dir,
+                output_format=options.format,
             )
             print(f"wrote {len(written)} image(s) to {options.output} in {time.perf_counter() - start:.1f} s")
             print(f"time per stage: {times.summary()}")
