@@ -438,3 +438,25 @@ def test_weights_that_are_views_cannot_size_a_network(trained, tmp_path):
     torch.save(checkpoint, tmp_path / "shared.ckpt")
     message = _refusal(_generate, tmp_path / "shared.ckpt", tmp_path)
     assert "sharing one storage" in message, message
+
+
+def test_counts_that_size_lists_and_modules_are_bounded_before_building(trained, tmp_path):
+    """A count in a stored config sizes Python lists and modules before any weight can be compared: the range rules
+    bound it first (resolution, channels, mapping layers), and the meta build counts every module and parameter the
+    moment it exists, so a network of far more layers than the file's tensors stops at once."""
+    import time
+
+    from pixelsmith.safe_load import NetworkMismatchError, build_to_fit
+
+    config = torch.load(trained, map_location="cpu", weights_only=True)["pixelsmith_config"]
+    huge = copy.deepcopy(config)
+    huge["model"]["generator"]["resolution"] = 2**20
+    message = _refusal(_generate, _with_config(trained, tmp_path, "huge", huge), tmp_path)
+    assert "model.generator.resolution=1048576" in message and "4..8192" in message, message
+    state = {"0.weight": torch.zeros(2, 2), "0.bias": torch.zeros(2)}
+    started = time.perf_counter()
+    with pytest.raises(NetworkMismatchError, match="more than 72 modules and parameters"):
+        build_to_fit(
+            lambda: torch.nn.Sequential(*(torch.nn.Linear(2, 2) for _ in range(200_000))), state, "x", "net"
+        )
+    assert time.perf_counter() - started < 5  # stopped at the budget, not after building 200,000 layers

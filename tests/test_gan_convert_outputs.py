@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from pixelsmith.errors import PixelsmithError
 from pixelsmith.gan.convert import MARK
 from pixelsmith.gan.convert import main as convert_main
 from tests.test_gan_pretrained import RESNET
@@ -99,3 +100,25 @@ def test_an_earlier_convert_output_is_replaced_only_with_overwrite(tmp_path, cap
     assert convert_main([f"source={RESNET}", f"dest={dest}", "overwrite=true"]) == 0
     assert torch.load(dest, weights_only=True)["pixelsmith"]["iteration"] == 0  # a whole checkpoint, loadable
     assert [p.name for p in tmp_path.iterdir()] == ["net.ckpt"]  # nothing left beside it
+
+
+def test_a_users_file_with_a_marked_checkpoint_appended_is_not_convert_s_own(tmp_path):
+    """A zip reader accepts bytes before an archive: a file of the user's followed by a copy of convert's output is
+    not convert's output (its first byte is not the archive's), and neither is a marked zip that holds other members
+    than torch.save writes."""
+    from pixelsmith.gan.convert import check_dest
+    from pixelsmith.gan.pretrained import save_atomically
+
+    save_atomically({"w": torch.zeros(3)}, tmp_path / "ours.ckpt", zip_comment=MARK)
+    check_dest(str(tmp_path / "net.pkl"), str(tmp_path / "ours.ckpt"), tmp_path / "ours.ckpt", overwrite=True)
+    glued = tmp_path / "glued.ckpt"
+    glued.write_bytes(b"the user's notes\n" * 100 + (tmp_path / "ours.ckpt").read_bytes())
+    forged = tmp_path / "forged.ckpt"
+    with zipfile.ZipFile(forged, "w") as archive:
+        archive.writestr("thesis.tex", "the user's")
+        archive.comment = MARK
+    for path in (glued, forged):
+        before = path.read_bytes()
+        with pytest.raises(PixelsmithError, match="not a checkpoint convert.py wrote"):
+            check_dest(str(tmp_path / "net.pkl"), str(path), path, overwrite=True)
+        assert path.read_bytes() == before

@@ -30,7 +30,14 @@ def zip_listing(path: Path) -> tuple[bytes, list[str]] | None:
     if path.is_symlink() or not path.is_file():
         return None
     try:
+        with open(path, "rb") as handle:
+            # A zip reader accepts bytes before the archive (a self-extractor, or a file of the user's with a zip
+            # appended): what is marked must be the whole file, from its first byte.
+            if handle.read(4) not in (b"PK\x03\x04", b"PK\x05\x06"):
+                return None
         with zipfile.ZipFile(path) as archive:
+            if min((info.header_offset for info in archive.infolist()), default=0) != 0:
+                return None
             return archive.comment[:_MAX_MARK], archive.namelist()
     except (OSError, zipfile.BadZipFile, ValueError, EOFError):
         return None

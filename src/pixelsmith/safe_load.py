@@ -20,7 +20,10 @@ from typing import Any
 
 import torch
 from torch import nn
-from torch.nn.modules.module import register_module_module_registration_hook
+from torch.nn.modules.module import (
+    register_module_module_registration_hook,
+    register_module_parameter_registration_hook,
+)
 
 from pixelsmith.errors import PixelsmithError
 
@@ -122,24 +125,27 @@ def build_to_fit(
     caller builds the network as part of something larger); returns None."""
     _check_tensors_hold_their_bytes(state, source, what)
     budget = SUBMODULES_PER_TENSOR * len(state) + 64
-    registered = [0]
+    created = [0]  # submodules registered plus parameters created: each is counted the moment it exists
 
-    def count(_module: nn.Module, _name: str, _child: nn.Module | None) -> None:
-        registered[0] += 1
-        if registered[0] > budget:
+    def count(*_args: Any) -> None:
+        created[0] += 1
+        if created[0] > budget:
             raise _TooManyModules
 
-    handle = register_module_module_registration_hook(count)
+    handles = [
+        register_module_module_registration_hook(count),
+        register_module_parameter_registration_hook(count),
+    ]
     try:
         with torch.device("meta"):
             shape_only = build()
-    except _TooManyModules:
-        raise NetworkMismatchError(
-            f"{source}: its stored {what} config asks for a network of more than {budget} modules, far more than "
-            f"its {len(state)} weight tensors could fill. Nothing was allocated for it; the file is damaged or was "
-            "edited."
-        ) from None
     except Exception as err:  # noqa: BLE001 (a network refusing its arguments, whatever it raises)
+        if created[0] > budget:  # the budget's own stop, also when a config instantiator wrapped it
+            raise NetworkMismatchError(
+                f"{source}: its stored {what} config asks for a network of more than {budget} modules and "
+                f"parameters, far more than its {len(state)} weight tensors could fill. Nothing was allocated for "
+                "it; the file is damaged or was edited."
+            ) from None
         cause = err.__cause__ if err.__cause__ is not None else err
         detail = (str(cause).strip().splitlines() or [""])[0][:300]
         raise NetworkMismatchError(
@@ -147,7 +153,8 @@ def build_to_fit(
             "The file is damaged or was edited."
         ) from None
     finally:
-        handle.remove()
+        for handle in handles:
+            handle.remove()
     expected = {k: tuple(v.shape) for k, v in shape_only.state_dict().items()}
     found = {k: tuple(v.shape) for k, v in state.items() if isinstance(v, torch.Tensor)}
     # Every tensor the config makes must be in the file at the file's shape. Tensors only the file has size nothing

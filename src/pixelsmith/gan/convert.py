@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import re
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -42,6 +43,19 @@ class ConvertError(PixelsmithError):
 MARK = b"pixelsmith convert.py"
 
 
+def _torch_layout(names: list[str]) -> bool:
+    """Whether zip member `names` are those of a file torch.save wrote (one top folder holding data.pkl, version and
+    the tensors' data/N), and nothing else."""
+    tops = {name.split("/", 1)[0] for name in names}
+    if len(tops) != 1:
+        return False
+    top = tops.pop()
+    allowed = re.compile(
+        rf"{re.escape(top)}/(data\.pkl|version|byteorder|\.format_version|\.storage_alignment|\.data/serialization_id|data/\d+)"
+    )
+    return f"{top}/data.pkl" in names and all(allowed.fullmatch(name) for name in names)
+
+
 def check_dest(source: str, dest: str, out: Path, overwrite: bool) -> None:
     """Before the pickle is read: refuse a dest that is the source, a folder, a link, another program's file (or
     any existing file without overwrite=true), or a place this process cannot write."""
@@ -59,7 +73,7 @@ def check_dest(source: str, dest: str, out: Path, overwrite: bool) -> None:
         )
     if os.path.lexists(out):
         listing = None if out.is_symlink() else zip_listing(out)
-        ours = listing is not None and listing[0] == MARK
+        ours = listing is not None and listing[0] == MARK and _torch_layout(listing[1])
         if not ours:
             what = "a symbolic link" if out.is_symlink() else "not a checkpoint convert.py wrote"
             raise ConvertError(

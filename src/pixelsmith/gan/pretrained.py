@@ -187,6 +187,25 @@ def save_atomically(obj: Any, dest: Path, zip_comment: bytes = b"") -> None:
             os.unlink(tmp)
 
 
+def _check_generator_ranges(generator_cfg: dict[str, Any], source: str) -> None:
+    """The GAN part's range rules of `model.generator.*` on a stored generator node, before it is built: a count
+    such as `mapping_layers` sizes lists and modules before any weight could be compared with the file's."""
+    from pixelsmith.gan.rules import CONFIG_RULES
+
+    problems = [
+        f"{rule.key}={generator_cfg[name]!r} {rule.requirement}"
+        for rule in CONFIG_RULES
+        if rule.key.startswith("model.generator.")
+        and (name := rule.key.rsplit(".", 1)[1]) in generator_cfg
+        and not rule.ok(generator_cfg[name])
+    ]
+    if problems:
+        raise PixelsmithError(
+            f"{source}: its stored generator config is out of range ({'; '.join(problems)}). Nothing was built from "
+            "it; the file is damaged or was edited."
+        )
+
+
 def load_generator(ckpt_path: str, key: str = "ckpt_path") -> tuple[nn.Module, dict[str, Any]]:
     """The EMA generator of a checkpoint or NVlabs pickle (G where a run kept no EMA), in eval mode on the CPU,
     and a description: {"model": name, "source": path, "has_w": bool, "c_dim": int}."""
@@ -214,6 +233,7 @@ def load_generator(ckpt_path: str, key: str = "ckpt_path") -> tuple[nn.Module, d
         trusted = trusted_run_config(stored, f"{key}={path}", contributed("SCHEMAS"), required=("model",))
         generator_cfg = trusted["model"]["generator"]
         name = trusted["model"].get("name")
+        _check_generator_ranges(generator_cfg, f"{key}={path}")
         states = networks_of_checkpoint(checkpoint)
         state = states["G_ema"] or states["G"]
         generator = build_to_fit(lambda: instantiate(generator_cfg), state, f"{key}={path}", "generator")

@@ -13,6 +13,9 @@ from pixelsmith.config.rules import (
     positive_int,
 )
 
+MAX_MAPPING_LAYERS = 64
+MAX_RESOLUTION = 8192
+
 CONFIG_RULES: list[Rule] = [
     PENALTY_WEIGHT.rule("model.objective.regularizers.r1.gamma"),
     PENALTY_WEIGHT.rule("model.objective.gamma", "0.05"),  # R3GAN's R1 + R2 weight
@@ -70,7 +73,32 @@ CONFIG_RULES: list[Rule] = [
     # The networks' sizes: at 0 a layer has no inputs or no channels, and would fail (or train nothing) only later.
     Rule("model.generator.z_dim", positive_int, "must be at least 1 (the latent's size)", "128"),
     Rule("model.generator.w_dim", positive_int, "must be at least 1 (StyleGAN2's style vector size)", "128"),
-    Rule("model.generator.mapping_layers", positive_int, "must be at least 1 (NVlabs: 8; 2 for CIFAR)", "4"),
+    Rule(
+        "model.generator.mapping_layers",
+        lambda v: positive_int(v) and v <= MAX_MAPPING_LAYERS,
+        f"must be in 1..{MAX_MAPPING_LAYERS} (NVlabs: 8; 2 for CIFAR)",
+        "4",
+    ),
+    # Bounds a file's stored config meets before a network is built from it (the counts that size Python lists and
+    # modules, which the meta-device check of the weights would meet only after building them).
+    *(
+        Rule(
+            f"model.{net}.resolution",
+            lambda v: positive_int(v) and 4 <= v <= MAX_RESOLUTION,
+            f"must be in 4..{MAX_RESOLUTION} pixels",
+            "256",
+        )
+        for net in ("generator", "discriminator")
+    ),
+    *(
+        Rule(
+            f"model.{net}.channels",
+            lambda v: positive_int(v) and v <= 4,
+            "must be 1 to 4 image channels",
+            "3",
+        )
+        for net in ("generator", "discriminator")
+    ),
     Rule("model.generator.ngf", positive_int, "must be at least 1 (DCGAN's generator width)", "64"),
     Rule("model.discriminator.ndf", positive_int, "must be at least 1 (DCGAN's discriminator width)", "64"),
     Rule(
