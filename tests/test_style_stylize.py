@@ -409,3 +409,24 @@ def test_a_link_planted_at_the_temporary_name_is_never_written_through(tmp_path)
     assert victim.read_text() == "the user's"
     assert (out / "a.jpg").is_file() and not (out / "a.jpg").is_symlink()
     assert oct((out / "a.jpg").stat().st_mode & 0o777) != oct(0o600)  # not private like a bare mkstemp file
+
+
+def test_two_photos_planned_onto_one_output_are_refused_before_anything_is_written(tmp_path, capsys):
+    from pixelsmith.style.stylize import main
+
+    photos = tmp_path / "photos"
+    photos.mkdir()
+    for suffix in ("jpg", "png"):
+        Image.fromarray(np.full((24, 32, 3), 90, np.uint8)).save(photos / f"a.{suffix}")
+    code = main(
+        [
+            f"ckpt_path={_tiny_style_checkpoint(tmp_path)}",
+            f"input={photos}",
+            f"output={tmp_path / 'out'}",
+            "format=png",
+        ]
+    )
+    assert code == 2
+    said = capsys.readouterr().err
+    assert "a.jpg and a.png" in said and "one result would be lost" in said, said
+    assert not (tmp_path / "out").exists()

@@ -786,6 +786,19 @@ def _inside(path: Path, folder: Path) -> bool:
     )
 
 
+def _refuse_colliding_outputs(pairs: list[tuple[Path, Path]], options: StylizeOptions) -> None:
+    """Two inputs planned onto one output (a.jpg and a.png with format=png) would leave one result silently lost."""
+    seen: dict[Path, Path] = {}
+    for source, target in pairs:
+        first = seen.setdefault(target.resolve(), source)
+        if first != source:
+            raise StylizeInputError(
+                f"input={options.input} holds {first.name} and {source.name}, which would both be written to "
+                f"{target} (format={options.format}): one result would be lost. Nothing was written. Use format=same "
+                "(each keeps its own extension), or stylize them in two runs with different outputs."
+            )
+
+
 def check_outputs_spare_inputs(options: StylizeOptions) -> None:
     """Refuse, at start-up, an output that is or lies inside one of the command's inputs (the photos, the style
     image, the checkpoint): `input=p.png output=p.png` would replace the photo with its stylized version, and
@@ -811,6 +824,7 @@ def check_outputs_spare_inputs(options: StylizeOptions) -> None:
             pairs = []  # no input, or no images in it: said where the job plans its outputs, as before
         sources += [("input", source) for source, _ in pairs]
         planned += [("output", target) for _, target in pairs]
+        _refuse_colliding_outputs(pairs, options)
     if options.export_dir is not None:
         folder = Path(options.export_dir).expanduser()
         planned += [("export_dir", folder / f"stylizer{suffix}") for suffix in (".pt", ".onnx")]
