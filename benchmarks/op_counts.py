@@ -17,12 +17,22 @@ as a difference that grows with depth, as above.
 
 Both precisions are counted: bf16-mixed (the GPU profiles' precision) adds autocast's casts to both loops alike, and
 any bookkeeping of the template's own that depends on the precision shows as a different ratio.
+
+A third count is of convolution calls in the regularised steps (`convolution_calls`): R1 on StyleGAN2's D, path
+length on its G, R1 + R2 on R3GAN's D at several group counts, each a step of the objective's own code, its
+forward passes against the whole step (forward, the gradient with `create_graph`, the penalty's backward).
+PyTorch's generic convolution double backward makes one call per group of a grouped conv; the networks'
+first-order adjoints (`gan/networks/conv_input_grad.py`) make a fixed number per conv. `--generic` puts the plain
+`F.conv2d` / `F.conv_transpose2d` back into the networks for comparison.
 """
 
 from __future__ import annotations
 
+import contextlib
+import re
 import statistics
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 import torch
@@ -249,6 +259,162 @@ def report(results: dict) -> str:
     return "\n".join(lines)
 
 
+# ---- convolution calls of the regularised steps ------------------------------------------------------------------
+# aten::convolution and aten::convolution_backward (what autograd and F dispatch), and the backend ops a fork's
+# custom code may call directly (_convolution, mkldnn_convolution, cudnn_convolution_transpose, slow_conv2d, ...).
+_CONVOLUTION_OP = re.compile(r"conv(olution|_depthwise|_transpose|\dd)")
+
+
+class ConvolutionCalls(TorchDispatchMode):
+    """Counts convolution calls, split into `forward` (outside the autograd engine) and `backward` (inside it: the
+    gradients, `create_graph` ones included, and the penalty's backward)."""
+
+    def __init__(self):
+        super().__init__()
+        self.forward = 0
+        self.backward = 0
+
+    @property
+    def total(self) -> int:
+        return self.forward + self.backward
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if _CONVOLUTION_OP.search(func.name()):
+            if torch._C._current_autograd_node() is None:
+                self.forward += 1
+            else:
+                self.backward += 1
+        return func(*args, **(kwargs or {}))
+
+
+class _Loop:
+    """A `GANLoop` for the objectives' phases on one process in fp32: no autocast, no augmentation, no loss scale.
+    `fakes`, when given, is what `G_forward(grad=False)` returns (R3GAN's D step: G's detached samples, drawn before
+    the count so that the count is D's)."""
+
+    def __init__(self, G, D, fakes=None):
+        self.G, self.D, self.device, self.fakes = G, D, torch.device("cpu"), fakes
+
+    def G_forward(self, z, *conditions, grad=True):
+        if not grad and self.fakes is not None:
+            return self.fakes
+        with torch.set_grad_enabled(grad):
+            return self.G(z, *conditions)
+
+    def D_forward(self, images, *conditions, reals=False):
+        return self.D(images, *conditions)
+
+    def autocast(self):
+        return contextlib.nullcontext()
+
+    def loss_scale(self):
+        return torch.ones(())
+
+    def mean_over_ranks(self, tensor):
+        return tensor
+
+
+@contextlib.contextmanager
+def generic_convolutions() -> Iterator[None]:
+    """The networks with PyTorch's plain `F.conv2d` / `F.conv_transpose2d` in place of their first-order adjoints
+    (the FIR filters keep theirs): the generic double backward, for comparison."""
+    import torch.nn.functional as F
+
+    from pixelsmith.gan.networks import r3gan, stylegan2
+
+    patched = [(r3gan, "conv2d", F.conv2d), (stylegan2, "conv2d", F.conv2d)]
+    patched.append((stylegan2, "conv_transpose2d", F.conv_transpose2d))
+    saved = [(module, name, getattr(module, name)) for module, name, _ in patched]
+    try:
+        for module, name, function in patched:
+            setattr(module, name, function)
+        yield
+    finally:
+        for module, name, function in saved:
+            setattr(module, name, function)
+
+
+RESOLUTION = 16
+BATCH = 4
+# R3GAN's D: this width at every stage, so its blocks' grouped convs have 64 channels: up to 64 groups (depthwise).
+R3GAN_WIDTH = 32
+REPORTED_GROUPS = (4, 16, 64)
+
+
+def _stylegan2_networks():
+    from pixelsmith.gan.networks.stylegan2 import StyleGAN2Discriminator, StyleGAN2Generator
+
+    # NVlabs' switches (FIR resampling, resnet D), fp32 (no fp16 routing, no clamp), demo widths.
+    common = {"resolution": RESOLUTION, "channels": 1, "channel_base": 256, "channel_max": 16}
+    common |= {"num_fp16_res": None, "conv_clamp": None}
+    G = StyleGAN2Generator(z_dim=16, w_dim=16, mapping_layers=2, upsampling="fir", **common)
+    D = StyleGAN2Discriminator(downsampling="fir", architecture="resnet", **common)
+    return G, D
+
+
+def _r3gan_discriminator(groups: int):
+    from pixelsmith.gan.networks.r3gan import R3GANDiscriminator
+
+    return R3GANDiscriminator(
+        resolution=RESOLUTION, channels=1, widths=[R3GAN_WIDTH] * 3, groups=[groups] * 3, blocks=1
+    )
+
+
+def _count_step(loss) -> ConvolutionCalls:
+    """Convolution calls of one phase: `loss()` (forward passes and any `create_graph` gradient), then its backward."""
+    with ConvolutionCalls() as calls:
+        loss().loss.backward()
+    return calls
+
+
+def convolution_calls(r3gan_groups=(4, 16), seed: int = 0) -> dict[str, ConvolutionCalls]:
+    """{row: the convolution calls of one regularised step}: StyleGAN2's R1 (Dreg) and path length (Greg), and
+    R3GAN's D step (R1 + R2, every D step) at each of `r3gan_groups`."""
+    from pixelsmith.gan.objectives import PathLengthPenalty, Phase, R1Penalty, R3GANObjective
+
+    torch.manual_seed(seed)
+    reals = torch.randn(BATCH, 1, RESOLUTION, RESOLUTION)
+    G, D = _stylegan2_networks()
+    rows = {}
+    loop = _Loop(G, D)
+    rows["stylegan2 D, R1"] = _count_step(
+        lambda: R1Penalty(gamma=1.0, interval=1).loss(loop, {"real": reals})
+    )
+    z = torch.randn(BATCH, G.z_dim)
+    path_length = PathLengthPenalty(weight=2.0, interval=1)
+    rows["stylegan2 G, path length"] = _count_step(lambda: path_length.loss(loop, {"z": z}))
+    fakes = torch.randn_like(reals)
+    for groups in r3gan_groups:
+        loop = _Loop(None, _r3gan_discriminator(groups), fakes=fakes)
+        step = {"real": reals, "z": torch.randn(BATCH, 64)}
+        rows[f"r3gan D, R1 + R2, {groups} groups"] = _count_step(
+            lambda loop=loop, step=step: R3GANObjective(gamma=1.0).loss(Phase("Dmain", "D"), loop, step)
+        )
+    return rows
+
+
+def convolution_report(
+    rows: dict[str, ConvolutionCalls], generic: dict[str, ConvolutionCalls] | None = None
+) -> str:
+    lines = [
+        f"convolution calls per regularised step, CPU fp32, batch {BATCH}, {RESOLUTION} px "
+        "(forward: the step's forward passes; step: forward, gradient and the penalty's backward)"
+    ]
+    header = f"{'step':<32} {'forward':>7} {'step':>6} {'ratio':>6}"
+    lines.append(header + (f" {'generic':>8} {'ratio':>6}" if generic else ""))
+    for name, calls in rows.items():
+        line = f"{name:<32} {calls.forward:7d} {calls.total:6d} {calls.total / calls.forward:6.2f}"
+        if generic:
+            plain = generic[name]
+            line += f" {plain.total:8d} {plain.total / plain.forward:6.2f}"
+        lines.append(line)
+    if generic:
+        lines.append(
+            "generic: the same step with plain F.conv2d / F.conv_transpose2d (PyTorch's double backward)"
+        )
+    return "\n".join(lines)
+
+
 @refusals_exit_2
 def main(argv: list[str] | None = None) -> int:
     parser = Parser(prog="python -m benchmarks.op_counts", description=__doc__.splitlines()[0])
@@ -256,9 +422,26 @@ def main(argv: list[str] | None = None) -> int:
     # StyleGAN2 builds from 16 px up, and its small config's channel_base (256) caps the side.
     parser.add_argument("--resolution", type=power_of_two(16, 256), default=16)
     parser.add_argument("--precisions", nargs="+", default=list(PRECISIONS), choices=PRECISIONS)
+    parser.add_argument(
+        "--convolutions-only",
+        action="store_true",
+        help="only the convolution calls of the regularised steps (seconds; the iteration counts take minutes)",
+    )
+    parser.add_argument(
+        "--generic",
+        action="store_true",
+        help="also count the regularised steps with PyTorch's plain convolutions (its generic double backward)",
+    )
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
-    print(report(measure(tuple(args.models), args.resolution, precisions=tuple(args.precisions))))
+    if not args.convolutions_only:
+        print(report(measure(tuple(args.models), args.resolution, precisions=tuple(args.precisions))))
+        print()
+    generic = None
+    if args.generic:
+        with generic_convolutions():
+            generic = convolution_calls(REPORTED_GROUPS)
+    print(convolution_report(convolution_calls(REPORTED_GROUPS), generic))
     return 0
 
 

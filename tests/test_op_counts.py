@@ -79,3 +79,38 @@ def test_the_eager_iterations_host_calls_are_a_handful_and_do_not_grow_with_the_
     assert deep["plain"]["quiet"] > shallow["plain"]["quiet"]  # the deeper networks call more
     assert extra["32"] <= extra["16"] + 1, extra
     assert extra["16"] <= MAX_EXTRA_CALLS, extra
+
+
+# ---- convolution calls of the regularised steps ------------------------------------------------------------------
+# A conv on a penalty's path makes 5 calls in a regularised step (forward, input gradient, its recorded backward,
+# the input gradient again and the weight gradient), the FIR filters 4: a step stays under 5x its forward passes.
+# PyTorch's generic double backward adds a call per group of each grouped conv instead, so the bound is checked at
+# two group counts (R3GAN's D at 16 groups was 17.8x with it).
+MAX_STEP_TO_FORWARD = 5
+R3GAN_GROUPS = (4, 16)
+
+
+def test_a_regularised_step_makes_at_most_5x_the_convolutions_of_its_forward_passes_whatever_the_groups():
+    rows = op_counts.convolution_calls(R3GAN_GROUPS)
+    assert set(rows) == {
+        "stylegan2 D, R1",
+        "stylegan2 G, path length",
+        *(f"r3gan D, R1 + R2, {groups} groups" for groups in R3GAN_GROUPS),
+    }
+    for name, calls in rows.items():
+        assert calls.forward > 0 and calls.backward > 0, name
+        assert calls.total <= MAX_STEP_TO_FORWARD * calls.forward, (name, calls.forward, calls.total)
+    few, many = (rows[f"r3gan D, R1 + R2, {groups} groups"] for groups in R3GAN_GROUPS)
+    assert (few.forward, few.total) == (many.forward, many.total)
+
+
+def test_the_count_sees_pytorchs_generic_double_backward_loop_over_groups():
+    """The same steps with plain F.conv2d / F.conv_transpose2d in the networks: R3GAN's D passes the bound no more,
+    and its count grows with the groups (what the test above would catch)."""
+    with op_counts.generic_convolutions():
+        rows = op_counts.convolution_calls(R3GAN_GROUPS)
+    few, many = (rows[f"r3gan D, R1 + R2, {groups} groups"] for groups in R3GAN_GROUPS)
+    assert many.total > few.total > MAX_STEP_TO_FORWARD * few.forward
+    # and the patch is undone: the networks are back to their adjoints
+    again = op_counts.convolution_calls(R3GAN_GROUPS[-1:])
+    assert again[f"r3gan D, R1 + R2, {R3GAN_GROUPS[-1]} groups"].total <= MAX_STEP_TO_FORWARD * many.forward

@@ -6,8 +6,9 @@ A stage is a transition (G: a learned 4x4 basis or a 2x upsample; D: a 2x downsa
 channels a group), bias + LeakyReLU, 1x1 conv eC -> C, added to its input: no normalisation anywhere. The
 initialisation is Fix-up-like: every conv ~ N(0, gain^2 / fan_in) with gain = LeakyReLU's He gain x L^(-1/4) over the
 network's L blocks, and each block's last 1x1 starts at zero, so the network starts as its transitions alone.
-Resampling is the [1, 3, 3, 1] FIR (`fir.py`, dense double backward for R1/R2); width changes are 1x1 convs outside
-the residual branches (before G's upsample, after D's downsample). G maps z (64) through Linear to the 4x4 basis'
+Resampling is the [1, 3, 3, 1] FIR (`fir.py`, dense double backward for R1/R2); every other conv, grouped and
+depthwise included, is `conv_input_grad.conv2d`, whose double backward makes no call per group; width changes are 1x1
+convs outside the residual branches (before G's upsample, after D's downsample). G maps z (64) through Linear to the 4x4 basis'
 per-channel scales; D ends in a depthwise 4x4 conv and a Linear. Class conditioning (`c_dim` > 0, as the
 reference's `ConditionDimension`): G concatenates a bias-free Linear embedding of the one-hot label (z's size) to z;
 D's head then gives `c_embed_dim` features (the 4x4 stage's width) whose dot product with the label's embedding
@@ -25,6 +26,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from pixelsmith.errors import ConfigError
+from pixelsmith.gan.networks.conv_input_grad import conv2d
 from pixelsmith.gan.networks.fir import fir_downsample_2x, fir_kernel_2d, fir_upsample_2x
 
 NEGATIVE_SLOPE = 0.2
@@ -49,7 +51,7 @@ class Conv(nn.Module):
         self.padding = (kernel - 1) // 2
 
     def forward(self, x: Tensor) -> Tensor:
-        return F.conv2d(x, self.weight.to(x.dtype), padding=self.padding, groups=self.groups)
+        return conv2d(x, self.weight.to(x.dtype), padding=self.padding, groups=self.groups)
 
 
 class BiasedLeakyReLU(nn.Module):
@@ -124,7 +126,7 @@ class DiscriminativeBasis(nn.Module):
         _msr_init_(self.linear, 1.0)
 
     def forward(self, x: Tensor) -> Tensor:
-        x = F.conv2d(x, self.depthwise.to(x.dtype), groups=x.shape[1]).flatten(1)
+        x = conv2d(x, self.depthwise.to(x.dtype), groups=x.shape[1]).flatten(1)
         return F.linear(x, self.linear.to(x.dtype))
 
 

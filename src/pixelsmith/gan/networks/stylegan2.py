@@ -27,8 +27,9 @@ Switches (defaults: NVlabs'; `experiment=mnist_stylegan2` keeps the cheaper firs
   256); None / None leaves the whole network under the run's autocast, unclamped. bf16 and fp32 runs are unaffected
   (no routing, no clamp: NVlabs' --fp32 config sets conv_clamp=None).
 
-Every conv2d is `conv_input_grad.conv2d`: the same forward, with the input gradient recorded as a transposed conv, so
-R1's and path length's double backward avoid PyTorch's generic one (copies of transposed activations).
+Every conv is `conv_input_grad.conv2d` or `conv_input_grad.conv_transpose2d` (G's FIR upsampling): the same forward,
+with the input gradient recorded as the adjoint op (a transposed conv, or a conv), so R1's and path length's double
+backward avoid PyTorch's generic one (copies of transposed activations).
 
 Differences left: modulation is applied to activations, not to per-sample weights (see ModulatedConv2d; NVlabs
 trains with this same non-fused path), and no custom CUDA kernels (upfirdn2d, bias_act, fma) are used.
@@ -45,7 +46,7 @@ from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
 from pixelsmith.errors import ConfigError
-from pixelsmith.gan.networks.conv_input_grad import conv2d
+from pixelsmith.gan.networks.conv_input_grad import conv2d, conv_transpose2d
 from pixelsmith.gan.networks.fir import fir_downsample_2x, fir_filter, fir_kernel_2d, fir_upsample_2x
 
 LEAKY_RELU_SLOPE = 0.2
@@ -324,7 +325,7 @@ class ModulatedConv2d(nn.Module):
         if self.upsample == "fir":
             # conv_transpose2d takes [in, out, k, k]: the same parameter, transposed; output 2H + k - 2, which the
             # 4-tap blur with padding 1 brings to 2H.
-            x = F.conv_transpose2d(x, weight.transpose(0, 1), stride=2)
+            x = conv_transpose2d(x, weight.transpose(0, 1), stride=2)
             x = fir_filter(x, self.resample_filter, padding=1, gain=4.0)
         else:
             if self.upsample == "bilinear":
