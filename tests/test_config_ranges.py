@@ -240,7 +240,7 @@ BOUNDARIES: dict[str, tuple[list, list]] = {
     # The networks' sizes: a layer of 0 (or a negative number of) inputs or channels.
     "model.generator.z_dim": ([1], [0, -1, 1.5]),
     "model.generator.w_dim": ([1], [0]),
-    "model.generator.mapping_layers": ([1], [0]),
+    "model.generator.mapping_layers": ([1, 64], [0, 65]),
     "model.generator.ngf": ([1], [0]),
     "model.discriminator.ndf": ([1], [0]),
     "model.discriminator.mbstd_group_size": ([1], [0]),

@@ -190,11 +190,11 @@ def save_atomically(obj: Any, dest: Path, zip_comment: bytes = b"") -> None:
 def _check_generator_ranges(generator_cfg: dict[str, Any], source: str) -> None:
     """The GAN part's range rules of `model.generator.*` on a stored generator node, before it is built: a count
     such as `mapping_layers` sizes lists and modules before any weight could be compared with the file's."""
-    from pixelsmith.gan.rules import CONFIG_RULES
+    from pixelsmith.gan.rules import CONFIG_RULES, STORED_NETWORK_RULES
 
     problems = [
         f"{rule.key}={generator_cfg[name]!r} {rule.requirement}"
-        for rule in CONFIG_RULES
+        for rule in [*CONFIG_RULES, *STORED_NETWORK_RULES]
         if rule.key.startswith("model.generator.")
         and (name := rule.key.rsplit(".", 1)[1]) in generator_cfg
         and not rule.ok(generator_cfg[name])

@@ -79,26 +79,6 @@ CONFIG_RULES: list[Rule] = [
         f"must be in 1..{MAX_MAPPING_LAYERS} (NVlabs: 8; 2 for CIFAR)",
         "4",
     ),
-    # Bounds a file's stored config meets before a network is built from it (the counts that size Python lists and
-    # modules, which the meta-device check of the weights would meet only after building them).
-    *(
-        Rule(
-            f"model.{net}.resolution",
-            lambda v: positive_int(v) and 4 <= v <= MAX_RESOLUTION,
-            f"must be in 4..{MAX_RESOLUTION} pixels",
-            "256",
-        )
-        for net in ("generator", "discriminator")
-    ),
-    *(
-        Rule(
-            f"model.{net}.channels",
-            lambda v: positive_int(v) and v <= 4,
-            "must be 1 to 4 image channels",
-            "3",
-        )
-        for net in ("generator", "discriminator")
-    ),
     Rule("model.generator.ngf", positive_int, "must be at least 1 (DCGAN's generator width)", "64"),
     Rule("model.discriminator.ndf", positive_int, "must be at least 1 (DCGAN's discriminator width)", "64"),
     Rule(
@@ -161,3 +141,28 @@ CONFIG_RULES: list[Rule] = [
 
 # model.schedules.<name> of the GAN objectives' own scalars (R1/R2's gamma, WGAN-GP's weight).
 SCHEDULED_RANGES = [("gamma", PENALTY_WEIGHT), ("gp_weight", PENALTY_WEIGHT)]
+
+
+# Bounds a file's stored network config meets before a network is built from it (the counts that size Python lists
+# and modules, which the meta-device check of the weights would meet only after building them). Not in CONFIG_RULES:
+# a training config's networks take data.resolution and data.channels, whose own rules say it once.
+STORED_NETWORK_RULES: list[Rule] = [
+    *(
+        Rule(
+            f"model.{net}.resolution",
+            lambda v: positive_int(v) and 4 <= v <= MAX_RESOLUTION,
+            f"must be in 4..{MAX_RESOLUTION} pixels",
+            "256",
+        )
+        for net in ("generator", "discriminator")
+    ),
+    *(
+        Rule(
+            f"model.{net}.channels",
+            lambda v: positive_int(v) and v <= 4,
+            "must be 1 to 4 image channels",
+            "3",
+        )
+        for net in ("generator", "discriminator")
+    ),
+]
