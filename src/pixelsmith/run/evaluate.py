@@ -183,6 +183,14 @@ def evaluate(cfg: DictConfig) -> dict[str, float]:
             f"{ckpt_path}: its stored model config does not build ({type(cause).__name__}: {detail}). Nothing was "
             "measured; evaluate a checkpoint as train.py wrote it."
         ) from None
+    try:
+        model.load_state_dict(checkpoint["state_dict"])
+    except (RuntimeError, TypeError, AttributeError) as err:
+        first = next((line.strip() for line in str(err).splitlines()[1:] if line.strip()), str(err))[:300]
+        raise PixelsmithError(
+            f"{ckpt_path}: its weights do not fit the networks its own stored config builds ({first}); the file is "
+            "damaged or was edited. Evaluate a checkpoint as train.py wrote it."
+        ) from None
     device = torch.device(hardware.accelerator)
     model.to(device).eval()
     datamodule = build_datamodule(run_cfg, hardware)
