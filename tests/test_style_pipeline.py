@@ -152,7 +152,8 @@ def test_a_write_that_fails_midway_leaves_no_partial_image_under_the_final_name(
 ):
     """The encoder writes part of the image, then fails (a full disk, a killed worker): nothing stands under the
     output's name, and an earlier image there is kept whole (overwrite=false would take a partial one for done).
-    Pillow writes its files itself; the threaded PNG encoder's bytes go through `write_bytes_atomically`."""
+    Pillow writes into the temporary file's stream; the threaded PNG encoder's bytes go through
+    `write_bytes_atomically`, into a stream of its own."""
     written: list[int] = []
 
     def half_then_fail(image, fp, filename):
@@ -161,15 +162,27 @@ def test_a_write_that_fails_midway_leaves_no_partial_image_under_the_final_name(
         written.append(500)
         raise OSError(28, "No space left on device")
 
-    def half_bytes_then_fail(self, data):
-        with open(self, "wb") as file:
-            file.write(data[:500])
-        written.append(500)
-        raise OSError(28, "No space left on device")
+    real_fdopen = os.fdopen
+
+    class HalfThenFail(io.RawIOBase):
+        """The temporary file's stream, writing 500 bytes of what it is given and then failing."""
+
+        def __init__(self, fd, mode):
+            self.file = real_fdopen(fd, mode)
+
+        def write(self, data):
+            self.file.write(bytes(data)[:500])
+            self.file.flush()
+            written.append(500)
+            raise OSError(28, "No space left on device")
+
+        def close(self):
+            self.file.close()
+            super().close()
 
     def break_writes():
         if encoder == "threaded":
-            monkeypatch.setattr(Path, "write_bytes", half_bytes_then_fail)
+            monkeypatch.setattr(os, "fdopen", HalfThenFail)
         else:
             monkeypatch.setitem(Image.SAVE, Image.registered_extensions()[suffix], half_then_fail)
 
