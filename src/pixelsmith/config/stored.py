@@ -288,7 +288,7 @@ def _check_untyped_arguments(node: dict, schema: type | None, section: str, sour
         except Exception as err:  # a part this checkout lacks
             where = ".".join((section, *path))
             raise _refuse(source, where, f"{target} cannot be imported here ({type(err).__name__})") from None
-        accepted, any_key = _arguments(cls)
+        accepted, any_key = accepted_arguments(cls)
         # `name`: the option's own name, which the builders read and remove before the class is called.
         unknown = sorted(k for k in current if not k.startswith("_") and k not in accepted and k != "name")
         if unknown and not any_key:
@@ -311,7 +311,7 @@ def _typed_paths(schema: type, prefix: tuple[str, ...]) -> set[tuple[str, ...]]:
     return paths
 
 
-def _arguments(cls: type) -> tuple[set[str], bool]:
+def accepted_arguments(cls: type) -> tuple[set[str], bool]:
     """The keyword arguments `cls` takes, and whether it takes any (a `**kwargs` of its own). torch's Module is where
     the walk ends: its `*args, **kwargs` are not arguments its subclasses forward."""
     from torch import nn

@@ -6,7 +6,6 @@ import circle (tests/test_architecture.py).
 
 from __future__ import annotations
 
-import inspect
 import logging
 
 import lightning as L
@@ -14,6 +13,7 @@ from hydra.errors import InstantiationException
 from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
+from pixelsmith.config.stored import accepted_arguments
 from pixelsmith.core.budget import TimeBudget
 from pixelsmith.core.config import CoreSettings, ScheduleConfig
 from pixelsmith.errors import PixelsmithError
@@ -97,15 +97,9 @@ def _locate(target: str):
 
 
 def _accepted_kwargs(cls) -> set[str] | None:
-    names: set[str] = set()
-    for klass in cls.__mro__:
-        if klass is object or "__init__" not in vars(klass):
-            continue
-        params = inspect.signature(klass.__init__).parameters.values()
-        names |= {p.name for p in params if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)}
-        if not any(p.kind == p.VAR_KEYWORD for p in params):
-            return names
-    return None
+    """The keyword arguments `cls` takes; None when it takes any (a `**kwargs` of its own)."""
+    names, any_key = accepted_arguments(cls)
+    return None if any_key else names
 
 
 def build_model(cfg: DictConfig, core: CoreSettings) -> L.LightningModule:
