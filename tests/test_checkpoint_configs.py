@@ -253,9 +253,15 @@ def test_a_class_the_tree_names_elsewhere_is_refused_at_a_place_it_does_not(trai
 @pytest.mark.parametrize(
     ("edit", "words"),
     [
-        (lambda c: c["model"]["generator"].update(ngf="many"), ("model.generator", "ngf")),  # wrong type
-        (lambda c: c["model"]["generator"].update(nfg=16), ("nfg",)),  # unknown key
-        (lambda c: c["model"]["generator"].update(norm="telepathy"), ("telepathy", "batch")),  # not a choice
+        (
+            lambda c: c["model"]["generator"].update(ngf="many"),
+            ("model.generator", "ngf", "schema DCGANModelConfig"),
+        ),  # wrong type
+        (lambda c: c["model"]["generator"].update(nfg=16), ("nfg", "schema DCGANModelConfig")),  # unknown key
+        (
+            lambda c: c["model"]["generator"].update(norm="telepathy"),
+            ("telepathy", "batch", "schema DCGANModelConfig"),
+        ),  # not a choice
         (lambda c: c["model"]["generator"].update(_recursive_=True), ("_recursive_",)),
         (lambda c: c["model"]["objective"].update(gamma=1.0), ("gamma", "GANObjective")),  # not an argument
         (lambda c: c["data"].update(resolution="${oc.env:HOME}"), ("interpolation",)),
